@@ -1,0 +1,5 @@
+"""Routes: batches."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

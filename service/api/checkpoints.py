@@ -1,0 +1,5 @@
+"""Routes: checkpoints."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""Routes: health."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""Routes: items."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""Routes: labels."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""Routes: pools."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

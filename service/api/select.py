@@ -1,0 +1,5 @@
+"""Routes: select."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

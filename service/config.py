@@ -1,0 +1,71 @@
+"""One typed settings object for the api, the worker and the CLI (environment prefix ``BAIT_``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Defaults are the embedded mode: SQLite file, in-process runner, CPU."""
+
+    model_config = SettingsConfigDict(env_prefix="BAIT_", env_file=None, extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///./data/bait.db",
+        description="SQLAlchemy URL: sqlite:///path or postgresql+psycopg://user@host/db",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="redis://host:port/db; when set, jobs go to RQ workers instead of the in-process runner",
+    )
+    queue_name: str = Field(default="bait", description="RQ queue name")
+    host: str = Field(default="127.0.0.1", description="address `bait serve` binds to")
+    port: int = Field(default=8000, ge=1, le=65535)
+    device: str = Field(default="auto", description="worker device: auto (CUDA when present), cpu, cuda, cuda:N")
+    max_json_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest JSON request body")
+    max_upload_bytes: int = Field(default=2 * 2**30, ge=1024, description="largest bulk upload (.npy/.npz/Parquet)")
+    max_items_per_request: int = Field(default=100_000, ge=1, description="items or labels in one JSON request")
+    reservation_ttl_seconds: int = Field(default=24 * 3600, ge=1, description="how long batch items stay reserved")
+    sync_select_max_cells: int = Field(
+        default=2_000_000, ge=1, description="POST /v1/select answers synchronously up to n*d*max(k,1) cells"
+    )
+    sync_select_wait_seconds: float = Field(default=30.0, gt=0)
+    job_timeout_seconds: int = Field(default=3600, ge=10, description="RQ job timeout")
+    job_max_attempts: int = Field(default=2, ge=1, description="a job whose worker died is re-queued this often")
+    print_bootstrap_key: bool = Field(
+        default=True, description="embedded mode: mint and print an API key on first start if none exists"
+    )
+    log_level: str = Field(default="INFO")
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_db_url(cls, v: str) -> str:
+        if not (v.startswith("sqlite") or v.startswith("postgresql")):
+            raise ValueError("BAIT_DATABASE_URL must be a sqlite:// or postgresql+psycopg:// URL")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, v: str) -> str:
+        if v not in ("auto", "cpu", "cuda") and not v.startswith("cuda:"):
+            raise ValueError("BAIT_DEVICE must be auto, cpu, cuda or cuda:N")
+        return v
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def sqlite_path(self) -> Path | None:
+        if not self.is_sqlite:
+            return None
+        path = self.database_url.split(":///", 1)[-1]
+        return None if path in ("", ":memory:") else Path(path)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,69 @@
+"""FastAPI dependencies: settings, the per-request session (the one commit point), the tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.errors import Unauthorized
+from service.security import hash_key
+from service.store.models import ApiKey, Tenant
+
+bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
+
+
+def get_settings_dep(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One transaction per request: committed if the handler returns, rolled back if it raises."""
+    session: Session = request.app.state.sessionmaker()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+def tenant_for_key(session: Session, key: str) -> Tenant | None:
+    row = session.execute(
+        select(Tenant)
+        .join(ApiKey, ApiKey.tenant_id == Tenant.id)
+        .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
+    ).scalar_one_or_none()
+    return row
+
+
+def get_tenant(
+    session: SessionDep,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Tenant:
+    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+        raise Unauthorized("missing API key: send `Authorization: Bearer <key>` (create one with `bait keys create`)")
+    tenant = tenant_for_key(session, creds.credentials)
+    if tenant is None:
+        raise Unauthorized("invalid or revoked API key")
+    return tenant
+
+
+TenantDep = Annotated[Tenant, Depends(get_tenant)]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,111 @@
+"""One error hierarchy, one handler, one body shape: ``{"error": {"code", "message", "details"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorInfo
+
+
+class ServiceError(Exception):
+    """Base of every domain error; subclasses fix the HTTP status and the machine-readable code."""
+
+    status_code = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class BadRequest(ServiceError):
+    status_code = 400
+    code = "bad_request"
+
+
+class ValidationFailed(ServiceError):
+    status_code = 422
+    code = "validation_error"
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class ServiceUnavailable(ServiceError):
+    status_code = 503
+    code = "unavailable"
+
+
+def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
+    body = ErrorBody(error=ErrorInfo(code=code, message=message, details=details))
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(status_code=status, content=body.model_dump(), headers=headers)
+
+
+# Declared in each route's `responses=` so the OpenAPI shows the error body.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "Invalid request"},
+    401: {"model": ErrorBody, "description": "Missing or invalid API key"},
+    404: {"model": ErrorBody, "description": "Not found (or belongs to another tenant)"},
+    409: {"model": ErrorBody, "description": "Conflict with the current state"},
+    413: {"model": ErrorBody, "description": "Body too large"},
+    422: {"model": ErrorBody, "description": "Malformed payload"},
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_req: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc.status_code, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
+        first = details[0] if details else {"loc": [], "msg": "invalid payload"}
+        where = ".".join(str(p) for p in first["loc"] if p != "body")
+        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        return error_response(422, "validation_error", message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))

@@ -1,0 +1,43 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api import batches, checkpoints, health, items, labels, pools
+from service.api import select as select_api
+from service.config import Settings, get_settings
+from service.db import make_engine, make_sessionmaker
+from service.errors import install_error_handlers
+from service.migrate import check_schema
+
+
+def create_app(settings: Settings | None = None, *, check_migrations: bool = True) -> FastAPI:
+    """Build the app. Refuses to start (raises SchemaOutdated) on a schema behind the migrations."""
+    settings = settings or get_settings()
+    engine = make_engine(settings)
+    if check_migrations:
+        check_schema(engine, settings.database_url)
+    factory = make_sessionmaker(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="bait-service",
+        version="0.1.0",
+        description="Which items to label next: BAIT batch active learning as a service.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = factory
+    install_error_handlers(app)
+    for module in (health, pools, items, labels, batches, checkpoints, select_api):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,217 @@
+"""SQLAlchemy 2 typed models: the only description of the schema besides the Alembic migrations.
+
+Tenancy: every pool belongs to a tenant; every query of a pool's rows goes through the pool, so a key
+never reaches another tenant's data. Embeddings are float32 bytes (``numpy.tobytes``), never JSON.
+Item status is stored: ``unlabeled`` | ``reserved`` | ``labeled``; a ``reserved`` item whose
+``reserved_until`` has passed counts as unlabeled everywhere (see ``effective status`` in the
+repositories) and is released lazily.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite would otherwise return naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column; use datetime.now(UTC)")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# BigInteger primary keys that autoincrement on SQLite too (SQLite only autoincrements INTEGER).
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key: only its SHA-256 hash is stored; ``prefix`` identifies it in listings."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Pool(Base):
+    __tablename__ = "pools"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    task: Mapped[str] = mapped_column(String(20))  # classification | regression
+    classes: Mapped[list[Any] | None] = mapped_column(JSON)  # class names, classification
+    n_outputs: Mapped[int] = mapped_column(Integer)  # len(classes) or m regression outputs
+    embedding_dim: Mapped[int] = mapped_column(Integer)
+    head: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"kind": "linear"|"mlp", ...}
+    encoder: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # data references (later)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+
+class Item(Base):
+    __tablename__ = "items"
+    __table_args__ = (
+        UniqueConstraint("pool_id", "external_id"),
+        Index("ix_items_pool_status", "pool_id", "status"),
+        Index("ix_items_batch", "batch_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"))
+    external_id: Mapped[str] = mapped_column(String(512))
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)  # float32 little-endian, embedding_dim values
+    uri: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="unlabeled")  # unlabeled | reserved | labeled
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", ondelete="SET NULL"))
+    reserved_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    label: Mapped[Any | None] = mapped_column(JSON)  # current label: class name (str) or target list
+    labeled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+
+class Label(Base):
+    """Label history: every write appends a row; a DELETE appends a row with ``deleted=1``."""
+
+    __tablename__ = "labels"
+    __table_args__ = (Index("ix_labels_item", "item_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    value: Mapped[Any | None] = mapped_column(JSON)
+    annotator: Mapped[str | None] = mapped_column(String(200))
+    deleted: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Batch(Base):
+    """A selection request and its job: status, progress, result."""
+
+    __tablename__ = "batches"
+    __table_args__ = (UniqueConstraint("pool_id", "idempotency_key"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    size: Mapped[int] = mapped_column(Integer)
+    strategy: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="queued")  # queued|running|succeeded|failed|cancelled
+    progress_stage: Mapped[str | None] = mapped_column(String(64))
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    item_ids: Mapped[list[Any] | None] = mapped_column(JSON)  # ordered external ids
+    objective: Mapped[float | None] = mapped_column(Float)
+    diagnostics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    checkpoint_id: Mapped[str | None] = mapped_column(String(32))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Checkpoint(Base):
+    """A trained head: weights bytes (torch state dict), its config, the round and metrics."""
+
+    __tablename__ = "checkpoints"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    batch_id: Mapped[str | None] = mapped_column(String(32))
+    round: Mapped[int] = mapped_column(Integer)
+    n_labels: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    weights: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class SelectJob(Base):
+    """A stateless POST /v1/select request: arrays in (npz bytes), indices out."""
+
+    __tablename__ = "select_jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    strategy: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # batch_size, task, params, labeled, reserved
+    arrays: Mapped[bytes | None] = mapped_column(LargeBinary)  # npz: embeddings, probs; dropped when done
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    progress_stage: Mapped[str | None] = mapped_column(String(64))
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -1,0 +1,137 @@
+"""Shared fixtures. The backend is chosen by the environment, so the same suite runs twice:
+
+- embedded defaults (nothing set): a SQLite file migrated by Alembic, the in-process job runner;
+- production parts: ``BAIT_TEST_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test`` (a fresh
+  database named ``bait_test_<pid>`` is created next to it and migrated by Alembic) and
+  ``BAIT_TEST_REDIS_URL=redis://127.0.0.1:6379/0`` (jobs go to RQ on a queue private to this run).
+
+Every test starts from empty tables (deleted after each test), because the app, the worker threads and
+worker processes commit on their own connections: a rolled-back outer transaction cannot see those.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.domain.keys import create_key
+from service.main import create_app
+from service.migrate import upgrade
+from service.store.models import Base
+
+PG_ADMIN_URL = os.environ.get("BAIT_TEST_DATABASE_URL")
+REDIS_URL = os.environ.get("BAIT_TEST_REDIS_URL")
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    db = "postgresql (BAIT_TEST_DATABASE_URL)" if PG_ADMIN_URL else "sqlite file"
+    queue = "redis + rq (BAIT_TEST_REDIS_URL)" if REDIS_URL else "in-process runner"
+    return f"bait-service backends: database={db}, queue={queue}"
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A new, Alembic-migrated database for this test session."""
+    if PG_ADMIN_URL:
+        admin = make_url(PG_ADMIN_URL)
+        name = f"bait_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        admin_engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+        with admin_engine.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        url = admin.set(database=name).render_as_string(hide_password=False)
+        upgrade(url)
+        yield url
+        with admin_engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin_engine.dispose()
+    else:
+        path = tmp_path_factory.mktemp("db") / "bait.db"
+        url = f"sqlite:///{path}"
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(scope="session")
+def queue_name() -> str:
+    return f"bait-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def settings(database_url: str, queue_name: str) -> Settings:
+    return Settings(
+        database_url=database_url,
+        redis_url=REDIS_URL,
+        queue_name=queue_name,
+        print_bootstrap_key=False,
+        device="cpu",
+    )
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = make_engine(Settings(database_url=database_url))
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def db(engine: Engine) -> Iterator[sessionmaker[Session]]:
+    """A session factory on the test database; every table is emptied after the test."""
+    yield make_sessionmaker(engine)
+    _empty_tables(engine)
+
+
+def _empty_tables(engine: Engine) -> None:
+    tables = [t.name for t in Base.metadata.sorted_tables]
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
+        else:
+            for t in reversed(tables):
+                conn.execute(text(f'DELETE FROM "{t}"'))
+
+
+def make_key(factory: sessionmaker[Session], tenant: str) -> str:
+    with session_scope(factory) as s:
+        key, _ = create_key(s, tenant)
+    return key
+
+
+@pytest.fixture
+def api_key(db: sessionmaker[Session]) -> str:
+    """A key of tenant 'acme'."""
+    return make_key(db, "acme")
+
+
+@pytest.fixture
+def other_key(db: sessionmaker[Session]) -> str:
+    """A key of another tenant, 'globex'."""
+    return make_key(db, "globex")
+
+
+@pytest.fixture
+def auth(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"}
+
+
+@pytest.fixture
+def other_auth(other_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {other_key}"}
+
+
+@pytest.fixture
+def client(settings: Settings, db: sessionmaker[Session]) -> Iterator[TestClient]:
+    """The app over HTTP (lifespan run, so the job runner/queue is started and stopped)."""
+    with TestClient(create_app(settings)) as c:
+        yield c
