@@ -1,0 +1,41 @@
+# One image for every role; the command picks it: `bait serve`, `bait worker` or `bait migrate`.
+# CPU torch by default; for GPU workers build with --build-arg TORCH_INDEX_URL= (the default
+# PyPI torch wheel, which bundles CUDA) and run on a host with the NVIDIA container toolkit.
+FROM python:3.11-slim
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# torch first and pinned, so the project's `torch>=` requirement is already satisfied.
+RUN if [ -n "$TORCH_INDEX_URL" ]; then \
+      pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"; \
+    else \
+      pip install "torch==${TORCH_VERSION}"; \
+    fi
+
+COPY pyproject.toml README.md ./
+COPY selection ./selection
+COPY service ./service
+COPY worker ./worker
+COPY migrations ./migrations
+RUN pip install .
+
+RUN useradd --create-home --uid 10001 bait && mkdir -p /app/data && chown bait /app/data
+USER bait
+
+# Inside a container the api must listen on every interface (the embedded default binds 127.0.0.1).
+ENV BAIT_HOST=0.0.0.0 \
+    BAIT_PORT=8000
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --retries=5 \
+  CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/healthz').status==200 else 1)"
+
+ENTRYPOINT ["bait"]
+CMD ["serve"]

@@ -1,0 +1,42 @@
+# The commands CI runs (.ci/run calls `make test`). Everything installs into ./.venv.
+PY        ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+TORCH     ?= torch==2.13.0
+PG_URL    ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
+REDIS_URL ?= redis://127.0.0.1:6379/0
+PYTEST    := OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider
+
+.PHONY: install run test lint test-embedded test-pg bench-smoke clean
+
+$(BIN)/bait: pyproject.toml
+	$(PY) -m venv $(VENV)
+	# torch first, pinned: a bare `torch` requirement would pull several GB of CUDA packages.
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/bait
+
+install: $(BIN)/bait  ## create .venv with torch==2.13.0 and the project
+
+run: install  ## embedded defaults: SQLite under ./data, in-process runner, CPU, 127.0.0.1:8000
+	$(BIN)/bait serve --migrate
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test-embedded: install  ## the whole suite on SQLite + the in-process runner
+	$(PYTEST)
+
+test-pg: install  ## the whole suite on PostgreSQL + Redis + real RQ workers (services must be up)
+	BAIT_TEST_DATABASE_URL=$(PG_URL) BAIT_TEST_REDIS_URL=$(REDIS_URL) $(PYTEST)
+
+test: lint test-embedded test-pg  ## everything CI runs
+
+bench-smoke: install
+	$(BIN)/python bench/selection_speed.py --smoke
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
