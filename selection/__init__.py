@@ -1,0 +1,44 @@
+"""BAIT and baseline batch active-learning selection on arrays.
+
+    from selection import select
+    res = select("bait", embeddings=X, probs=P, labeled=idx, batch_size=100)
+    res.indices, res.objective, res.diagnostics
+
+:data:`STRATEGIES` lists every registered strategy with its tasks and parameters.
+"""
+
+from selection import baselines, logdet  # noqa: F401  (register the strategies)
+from selection.api import STRATEGIES, SelectionResult, StrategyInfo, select
+from selection.errors import (
+    InputDataError,
+    MemoryBudgetError,
+    NumericalWarning,
+    ParameterError,
+    SelectionError,
+    TaskMismatchError,
+    UnknownStrategyError,
+)
+from selection.problem import Problem, StrategyOutput, register
+
+try:  # selection/bait.py is being written concurrently; import it plainly once it exists.
+    import selection.bait  # noqa: F401
+except ModuleNotFoundError as exc:  # pragma: no cover
+    if exc.name != "selection.bait":
+        raise
+
+__all__ = [
+    "STRATEGIES",
+    "InputDataError",
+    "MemoryBudgetError",
+    "NumericalWarning",
+    "ParameterError",
+    "Problem",
+    "SelectionError",
+    "SelectionResult",
+    "StrategyInfo",
+    "StrategyOutput",
+    "TaskMismatchError",
+    "UnknownStrategyError",
+    "register",
+    "select",
+]
