@@ -113,6 +113,11 @@ class HeadConfig:
         _check_float("tolerance", self.tolerance, lower=0.0)
         _check_float("weight_decay", self.weight_decay, lower=0.0)
         _check_float("target_train_accuracy", self.target_train_accuracy, lower=0.0, lower_open=True)
+        # numpy scalars pass the checks above; store Python ones so to_dict() is JSON-serialisable.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.generic):
+                object.__setattr__(self, f.name, value.item())
         if self.target_train_accuracy > 1.0:
             raise ParameterError(f"target_train_accuracy must be in (0, 1], got {self.target_train_accuracy!r}")
 

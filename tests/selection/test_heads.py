@@ -318,6 +318,10 @@ def test_config_round_trips_through_json() -> None:
     again = HeadConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again == config
     assert HeadConfig.from_dict({"input_dim": 3, "n_outputs": 4}) == HeadConfig(input_dim=3, n_outputs=4)
+    # numpy scalars (e.g. from an array of seeds) are stored as Python numbers.
+    numpy_fields: dict[str, Any] = {"input_dim": np.int64(3), "n_outputs": 4, "lr": np.float32(0.5)}
+    from_numpy = HeadConfig.from_dict({**numpy_fields, "seed": np.int64(2)})
+    assert json.loads(json.dumps(from_numpy.to_dict()))["seed"] == 2
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
