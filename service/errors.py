@@ -73,6 +73,35 @@ class ServiceUnavailable(ServiceError):
     code = "unavailable"
 
 
+# Specific 4xx codes of item and label writes: the whole request is rejected, nothing is written.
+class InvalidEmbedding(BadRequest):
+    code = "invalid_embedding"  # NaN/inf values, wrong dimension
+
+
+class InvalidLabel(BadRequest):
+    code = "invalid_label"  # unknown class, target of the wrong length, label kind not the pool's task
+
+
+class UnknownItem(BadRequest):
+    code = "unknown_item"  # a label names an item id the pool does not have
+
+
+class DuplicateId(BadRequest):
+    code = "duplicate_id"  # the same id twice in one request
+
+
+class InvalidFile(BadRequest):
+    code = "invalid_file"  # unreadable .npz/Parquet, missing columns, ragged lists, wrong dtype
+
+
+class InvalidCursor(BadRequest):
+    code = "invalid_cursor"
+
+
+class TooManyItems(PayloadTooLarge):
+    code = "too_many_items"  # more than settings.max_items_per_request in one JSON request
+
+
 def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
     body = ErrorBody(error=ErrorInfo(code=code, message=message, details=details))
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -107,5 +136,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 413: "payload_too_large"}.get(
+            exc.status_code, "http_error"
+        )
         return error_response(exc.status_code, code, str(exc.detail))

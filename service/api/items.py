@@ -1,5 +1,173 @@
-"""Routes: items."""
+"""Routes: items. JSON upsert, bulk file upload (.npz / Parquet), paginated listing, one item."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
+import tempfile
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from service.api.schemas import ItemOut, ItemPage, ItemsUpsert, UpsertResult
+from service.deps import SessionDep, SettingsDep, TenantDep
+from service.domain import ingest
+from service.domain import items as items_domain
+from service.domain.pools import get_pool
+from service.errors import ERROR_RESPONSES, ErrorBody, InvalidFile
+from service.store.items import ItemRow
+from service.store.models import Pool
+
+router = APIRouter(prefix="/v1/pools", tags=["items"])
+
+UPLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    415: {"model": ErrorBody, "description": "Not an .npz or Parquet file"},
+}
+# Bodies above this stay in memory while they stream in; larger ones spill to a temporary file.
+_SPOOL_IN_MEMORY_BYTES = 64 * 2**20
+
+_BULK_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "An .npz with arrays `ids` (n strings) and `embeddings` (n x d float32/float64), or a Parquet "
+            "file with a string column `id` and a list<float> column `embedding`; as the raw body "
+            "(any Content-Type, e.g. application/octet-stream) or as the multipart/form-data field `file`."
+        ),
+        "content": {
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "string", "format": "binary"}},
+                    "required": ["file"],
+                }
+            },
+        },
+    }
+}
+
+
+def item_out(pool: Pool, row: ItemRow, include_embedding: bool) -> ItemOut:
+    fields: dict[str, Any] = {
+        "id": row.external_id,
+        "status": row.status,
+        "batch_id": row.batch_id,
+        "reserved_until": row.reserved_until,
+        "labeled_at": row.labeled_at,
+    }
+    if pool.task == "classification":
+        fields["label"] = row.label
+    else:
+        fields["target"] = row.label
+    if include_embedding:
+        fields["embedding"] = None if row.embedding is None else np.frombuffer(row.embedding, dtype="<f4").tolist()
+    # Only the fields set here are sent (label or target by the pool's task; embedding on request).
+    return ItemOut(**fields)
+
+
+@router.post("/{pool}/items", response_model=UpsertResult, responses=ERROR_RESPONSES)
+def upsert_items(
+    pool: str, body: ItemsUpsert, session: SessionDep, tenant: TenantDep, settings: SettingsDep
+) -> UpsertResult:
+    """Insert or update items by external id (idempotent). Re-sending an id replaces its embedding only;
+    its label, status and history stay."""
+    p = get_pool(session, tenant.id, pool)
+    created, updated = items_domain.upsert_items(
+        session,
+        p,
+        [it.id for it in body.items],
+        [it.embedding for it in body.items],
+        settings.max_items_per_request,
+    )
+    return UpsertResult(created=created, updated=updated)
+
+
+@router.post(
+    "/{pool}/items:bulk", response_model=UpsertResult, responses=UPLOAD_RESPONSES, openapi_extra=_BULK_BODY_DOC
+)
+async def bulk_upload(
+    pool: str,
+    request: Request,
+    session: SessionDep,
+    tenant: TenantDep,
+    settings: SettingsDep,
+    file_format: Annotated[
+        Literal["npz", "parquet"] | None, Query(alias="format", description="default: from the file's magic bytes")
+    ] = None,
+    id_column: Annotated[
+        str | None, Query(max_length=200, description="ids array/column (default `ids` in .npz, `id` in Parquet)")
+    ] = None,
+    embedding_column: Annotated[
+        str | None,
+        Query(max_length=200, description="embeddings array/column (`embeddings` in .npz, `embedding` in Parquet)"),
+    ] = None,
+) -> UpsertResult:
+    """Upsert many items from one file (same semantics as the JSON upsert). The key and the pool are
+    checked before the body is read; the body is limited to `max_upload_bytes` while it streams."""
+    p = await run_in_threadpool(get_pool, session, tenant.id, pool)
+    content_type = request.headers.get("content-type", "")
+    filename: str | None = None
+    if content_type.lower().startswith("multipart/form-data"):
+        form = await request.form(max_files=1, max_fields=10)
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidFile("multipart upload without a file field named `file`")
+        fileobj: Any = upload.file
+        filename = upload.filename
+        content_type = upload.content_type or ""
+    else:
+        fileobj = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 (closed below)
+        async for chunk in request.stream():
+            fileobj.write(chunk)
+    try:
+        fileobj.seek(0)
+        head = fileobj.read(8)
+        fileobj.seek(0)
+        fmt = ingest.detect_format(head, content_type, filename, file_format)
+        created, updated = await run_in_threadpool(
+            items_domain.upsert_file,
+            session,
+            p,
+            fileobj,
+            fmt=fmt,
+            id_column=id_column,
+            embedding_column=embedding_column,
+            max_array_bytes=settings.max_upload_bytes,
+        )
+    finally:
+        fileobj.close()
+    return UpsertResult(created=created, updated=updated)
+
+
+@router.get("/{pool}/items", response_model=ItemPage, response_model_exclude_unset=True, responses=ERROR_RESPONSES)
+def list_items(
+    pool: str,
+    session: SessionDep,
+    tenant: TenantDep,
+    status: Annotated[
+        Literal["unlabeled", "reserved", "labeled"] | None,
+        Query(description="effective status: an expired reservation counts as unlabeled"),
+    ] = None,
+    cursor: Annotated[str | None, Query(max_length=200, description="`next_cursor` of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    include_embedding: bool = False,
+) -> ItemPage:
+    """Items in upload order, one page at a time; `next_cursor` is null on the last page."""
+    p = get_pool(session, tenant.id, pool)
+    rows, next_cursor = items_domain.list_items(
+        session, p, status=status, cursor=cursor, limit=limit, include_embedding=include_embedding
+    )
+    return ItemPage(items=[item_out(p, r, include_embedding) for r in rows], next_cursor=next_cursor)
+
+
+@router.get(
+    "/{pool}/items/{item_id}", response_model=ItemOut, response_model_exclude_unset=True, responses=ERROR_RESPONSES
+)
+def get_item(
+    pool: str, item_id: str, session: SessionDep, tenant: TenantDep, include_embedding: bool = False
+) -> ItemOut:
+    p = get_pool(session, tenant.id, pool)
+    return item_out(p, items_domain.get_item(session, p, item_id), include_embedding)

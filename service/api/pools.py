@@ -1,5 +1,61 @@
-"""Routes: pools."""
+"""Routes: pools (`/v1/pools`). Parse, authorise (tenant from the key), delegate to service.domain.pools."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
+from fastapi import APIRouter, Response, status
+
+from service.api.schemas import PoolCounts, PoolCreate, PoolList, PoolOut
+from service.deps import SessionDep, TenantDep
+from service.domain import pools as pools_domain
+from service.errors import ERROR_RESPONSES
+
+router = APIRouter(prefix="/v1/pools", tags=["pools"])
+
+
+def pool_out(view: pools_domain.PoolView) -> PoolOut:
+    p = view.pool
+    return PoolOut(
+        id=p.id,
+        name=p.name,
+        task=p.task,
+        classes=p.classes,
+        n_outputs=p.n_outputs,
+        embedding_dim=p.embedding_dim,
+        head=p.head,
+        counts=PoolCounts(**view.counts),
+        created_at=p.created_at,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=PoolOut, responses=ERROR_RESPONSES)
+def create_pool(body: PoolCreate, session: SessionDep, tenant: TenantDep) -> PoolOut:
+    """Create a pool: classification with named `classes`, or regression with `n_outputs` targets."""
+    view = pools_domain.create_pool(
+        session,
+        tenant.id,
+        name=body.name,
+        task=body.task,
+        classes=body.classes,
+        n_outputs=body.n_outputs,
+        embedding_dim=body.embedding_dim,
+        head=body.head.model_dump(exclude_none=True),
+    )
+    return pool_out(view)
+
+
+@router.get("", response_model=PoolList, responses=ERROR_RESPONSES)
+def list_pools(session: SessionDep, tenant: TenantDep) -> PoolList:
+    """The caller's pools, oldest first, with item counts by status."""
+    return PoolList(pools=[pool_out(v) for v in pools_domain.list_pools(session, tenant.id)])
+
+
+@router.get("/{pool}", response_model=PoolOut, responses=ERROR_RESPONSES)
+def get_pool(pool: str, session: SessionDep, tenant: TenantDep) -> PoolOut:
+    return pool_out(pools_domain.view_pool(session, tenant.id, pool))
+
+
+@router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses=ERROR_RESPONSES)
+def delete_pool(pool: str, session: SessionDep, tenant: TenantDep) -> Response:
+    """Delete a pool and everything in it (items, labels, batches, checkpoints)."""
+    pools_domain.delete_pool(session, tenant.id, pool)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,163 @@
+"""Items: validated upserts (JSON or bulk files) and cursor-paginated listings.
+
+Every write is validated as a whole before anything is written: one bad row rejects the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import IO
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from service.domain import ingest
+from service.errors import DuplicateId, InvalidCursor, InvalidEmbedding, NotFound, TooManyItems, ValidationFailed
+from service.store import items as items_repo
+from service.store.items import ItemRow
+from service.store.models import Pool
+
+MAX_EXTERNAL_ID_LENGTH = 512
+_SHOWN = 10  # offending ids listed in an error's details
+
+
+def check_ids(ids: Sequence[str], what: str = "id") -> None:
+    """Ids must be non-empty strings of at most 512 characters, each once per request."""
+    bad = [i for i in ids if not isinstance(i, str) or not i or len(i) > MAX_EXTERNAL_ID_LENGTH]
+    if bad:
+        raise ValidationFailed(
+            f"every {what} must be a non-empty string of at most {MAX_EXTERNAL_ID_LENGTH} characters "
+            f"({len(bad)} are not, e.g. {str(bad[0])[:80]!r})",
+            {"invalid": [str(b)[:80] for b in bad[:_SHOWN]]},
+        )
+    if len(set(ids)) != len(ids):
+        dupes = [i for i, c in Counter(ids).items() if c > 1]
+        raise DuplicateId(
+            f"{what}s must be unique within a request; repeated: {dupes[:_SHOWN]}", {"duplicates": dupes[:_SHOWN]}
+        )
+
+
+def check_embeddings(pool: Pool, ids: Sequence[str], emb: np.ndarray) -> np.ndarray:
+    """Validate an ``n x d`` array against the pool; returns it as float32.
+
+    Raises:
+        InvalidEmbedding: wrong dimension, or a NaN/inf value (also one that overflows float32).
+    """
+    if emb.ndim != 2 or emb.shape[0] != len(ids):
+        raise InvalidEmbedding(f"expected {len(ids)} embeddings of {pool.embedding_dim} values")
+    if emb.shape[1] != pool.embedding_dim:
+        raise InvalidEmbedding(
+            f"embedding dimension: expected {pool.embedding_dim}, got {emb.shape[1]}",
+            {"expected": pool.embedding_dim, "got": int(emb.shape[1])},
+        )
+    emb32 = np.asarray(emb, dtype=np.float32)
+    finite = np.isfinite(emb32).all(axis=1)
+    if not finite.all():
+        rows = np.flatnonzero(~finite)
+        bad = [ids[int(r)] for r in rows[:_SHOWN]]
+        raise InvalidEmbedding(
+            f"embeddings must be finite: {len(rows)} item(s) hold NaN or infinite values (or values beyond "
+            f"float32 range), e.g. id {bad[0]!r}",
+            {"ids": bad},
+        )
+    return emb32
+
+
+def json_embeddings(pool: Pool, ids: Sequence[str], embeddings: Sequence[Sequence[float]]) -> np.ndarray:
+    """JSON rows to an ``n x d`` array, naming the first row whose length is not the pool's dimension."""
+    d = pool.embedding_dim
+    for ext, row in zip(ids, embeddings, strict=True):
+        if len(row) != d:
+            raise InvalidEmbedding(
+                f"item {ext!r}: embedding dimension: expected {d}, got {len(row)}",
+                {"id": ext, "expected": d, "got": len(row)},
+            )
+    with np.errstate(over="ignore"):
+        return np.asarray(embeddings, dtype=np.float64).reshape(len(ids), d)
+
+
+def upsert_items(
+    session: Session, pool: Pool, ids: Sequence[str], embeddings: Sequence[Sequence[float]], max_items: int
+) -> tuple[int, int]:
+    """Upsert JSON items by external id; returns ``(created, updated)``."""
+    if len(ids) > max_items:
+        raise TooManyItems(
+            f"{len(ids)} items in one request; the limit is {max_items} (split the request or use the bulk upload)",
+            {"limit": max_items, "got": len(ids)},
+        )
+    check_ids(ids)
+    emb = check_embeddings(pool, ids, json_embeddings(pool, ids, embeddings))
+    return items_repo.upsert_embeddings(session, pool.id, ids, emb, datetime.now(UTC))
+
+
+def upsert_file(
+    session: Session,
+    pool: Pool,
+    fileobj: IO[bytes],
+    *,
+    fmt: ingest.FileFormat,
+    id_column: str | None,
+    embedding_column: str | None,
+    max_array_bytes: int,
+) -> tuple[int, int]:
+    """Upsert the items of an .npz or Parquet file; returns ``(created, updated)``."""
+    ids, emb = ingest.parse(fmt, fileobj, id_column, embedding_column, max_array_bytes)
+    if not ids:
+        raise ingest.InvalidFile("the file holds no items")
+    check_ids(ids)
+    with np.errstate(over="ignore"):
+        emb32 = check_embeddings(pool, ids, emb)
+    return items_repo.upsert_embeddings(session, pool.id, ids, emb32, datetime.now(UTC))
+
+
+# ------------------------------------------------------------------------------------------- listing
+
+
+def encode_cursor(internal_id: int) -> str:
+    return base64.urlsafe_b64encode(f"i{internal_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not raw.startswith("i"):
+            raise ValueError(raw)
+        return int(raw[1:])
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidCursor("cursor is not one this service returned; start again without it") from exc
+
+
+def list_items(
+    session: Session,
+    pool: Pool,
+    *,
+    status: str | None,
+    cursor: str | None,
+    limit: int,
+    include_embedding: bool,
+) -> tuple[list[ItemRow], str | None]:
+    """One page of items in upload order, filtered by effective status; and the next page's cursor."""
+    after = decode_cursor(cursor) if cursor else None
+    rows = items_repo.page_items(
+        session,
+        pool.id,
+        now=datetime.now(UTC),
+        status=status,
+        after=after,
+        limit=limit + 1,
+        include_embedding=include_embedding,
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (encode_cursor(rows[-1].internal_id) if more else None)
+
+
+def get_item(session: Session, pool: Pool, external_id: str) -> ItemRow:
+    row = items_repo.get_item(session, pool.id, external_id, now=datetime.now(UTC))
+    if row is None:
+        raise NotFound(f"item {external_id!r} not found in pool {pool.id!r}")
+    return row

@@ -1,0 +1,255 @@
+"""Item repository: set-based upserts of embeddings, the effective status, pages and counts.
+
+Effective status (defined here once, used by counts, filters, listings and the batch code):
+an item stored as ``reserved`` whose ``reserved_until`` has passed counts as ``unlabeled``; a
+``reserved`` item without ``reserved_until`` stays reserved until it is labeled or released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import numpy as np
+from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, case, func, literal, null, or_, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from service.store.models import Item
+
+STATUSES = ("unlabeled", "reserved", "labeled")
+# Bound parameters per IN (...) query: below SQLite's limit, large enough to keep round trips few.
+_IN_CHUNK = 5000
+_SQLITE_UPSERT_CHUNK = 5000
+ITEMS = cast(Table, Item.__table__)
+
+
+def _expired(now: datetime) -> ColumnElement[bool]:
+    return and_(Item.status == "reserved", Item.reserved_until.is_not(None), Item.reserved_until <= now)
+
+
+def effective_status(now: datetime) -> ColumnElement[str]:
+    """SQL expression: the item's status as clients see it at ``now`` (expired reservations are unlabeled)."""
+    return case((_expired(now), literal("unlabeled")), else_=Item.status)
+
+
+def status_is(status: str, now: datetime) -> ColumnElement[bool]:
+    """SQL filter: items whose effective status at ``now`` is ``status``."""
+    if status == "unlabeled":
+        return or_(Item.status == "unlabeled", _expired(now))
+    if status == "reserved":
+        return and_(Item.status == "reserved", or_(Item.reserved_until.is_(None), Item.reserved_until > now))
+    if status == "labeled":
+        return Item.status == "labeled"
+    raise ValueError(f"unknown status {status!r}")
+
+
+def count_by_status(session: Session, pool_ids: Sequence[str], now: datetime) -> dict[str, dict[str, int]]:
+    """``{pool_id: {"items", "unlabeled", "reserved", "labeled"}}`` by effective status, zeros included."""
+    out = {pid: {"items": 0, **dict.fromkeys(STATUSES, 0)} for pid in pool_ids}
+    if not pool_ids:
+        return out
+    eff = effective_status(now).label("eff")
+    rows = session.execute(
+        select(Item.pool_id, eff, func.count()).where(Item.pool_id.in_(pool_ids)).group_by(Item.pool_id, eff)
+    ).all()
+    for pool_id, status, n in rows:
+        counts = out[pool_id]
+        counts[status] = counts.get(status, 0) + int(n)
+        counts["items"] += int(n)
+    return out
+
+
+def _chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(seq), size):
+        yield seq[start : start + size]
+
+
+def internal_ids(session: Session, pool_id: str, external_ids: Sequence[str]) -> dict[str, int]:
+    """Map external ids of ``pool_id`` to internal item ids; unknown ids are absent from the result."""
+    found: dict[str, int] = {}
+    for chunk in _chunks(external_ids, _IN_CHUNK):
+        rows = session.execute(
+            select(Item.external_id, Item.id).where(Item.pool_id == pool_id, Item.external_id.in_(chunk))
+        ).all()
+        found.update({ext: int(iid) for ext, iid in rows})
+    return found
+
+
+def upsert_embeddings(
+    session: Session, pool_id: str, external_ids: Sequence[str], embeddings: np.ndarray, now: datetime
+) -> tuple[int, int]:
+    """Insert or update items by external id; returns ``(created, updated)``.
+
+    An update replaces the embedding only: status, label, reservation and history are kept.
+    New items get internal ids in the order given, so pages list them in upload order.
+
+    Args:
+        external_ids: ``n`` unique, validated ids.
+        embeddings: ``n x d`` float32 array (stored as little-endian bytes, one row per item).
+    """
+    emb = np.ascontiguousarray(embeddings, dtype="<f4")
+    if session.get_bind().dialect.name == "postgresql":
+        return _upsert_postgresql(session, pool_id, external_ids, emb, now)
+    return _upsert_generic(session, pool_id, external_ids, emb, now)
+
+
+def _upsert_postgresql(
+    session: Session, pool_id: str, external_ids: Sequence[str], emb: np.ndarray, now: datetime
+) -> tuple[int, int]:
+    # COPY (binary) into a temp table, then one INSERT ... SELECT ... ON CONFLICT: one round trip for
+    # the data and one set-based statement, instead of a statement (or an ORM object) per row.
+    dbapi_conn: Any = session.connection().connection.driver_connection
+    with dbapi_conn.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS bait_item_upload")
+        cur.execute(
+            "CREATE TEMP TABLE bait_item_upload (ord int4 NOT NULL, external_id text NOT NULL, "
+            "embedding bytea NOT NULL) ON COMMIT DROP"
+        )
+        with cur.copy("COPY bait_item_upload (ord, external_id, embedding) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["int4", "text", "bytea"])
+            for i, ext in enumerate(external_ids):
+                copy.write_row((i, ext, emb[i].tobytes()))
+        cur.execute(
+            """
+            WITH up AS (
+                INSERT INTO items (pool_id, external_id, embedding, uri, status, created_at, updated_at)
+                SELECT %(pool)s, external_id, embedding, NULL, 'unlabeled', %(now)s, %(now)s
+                FROM bait_item_upload ORDER BY ord
+                ON CONFLICT (pool_id, external_id) DO UPDATE
+                SET embedding = EXCLUDED.embedding, uri = NULL, updated_at = EXCLUDED.updated_at
+                RETURNING (xmax = 0) AS inserted
+            )
+            SELECT count(*) FILTER (WHERE inserted), count(*) FILTER (WHERE NOT inserted) FROM up
+            """,
+            {"pool": pool_id, "now": now},
+        )
+        created, updated = cur.fetchone()
+        cur.execute("DROP TABLE bait_item_upload")
+    return int(created), int(updated)
+
+
+def _upsert_generic(
+    session: Session, pool_id: str, external_ids: Sequence[str], emb: np.ndarray, now: datetime
+) -> tuple[int, int]:
+    existing = len(internal_ids(session, pool_id, external_ids))
+    table = ITEMS
+    stmt = sqlite_insert(table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[table.c.pool_id, table.c.external_id],
+        set_={"embedding": stmt.excluded.embedding, "uri": None, "updated_at": stmt.excluded.updated_at},
+    )
+    for start in range(0, len(external_ids), _SQLITE_UPSERT_CHUNK):
+        stop = min(start + _SQLITE_UPSERT_CHUNK, len(external_ids))
+        session.execute(
+            stmt,
+            [
+                {
+                    "pool_id": pool_id,
+                    "external_id": external_ids[i],
+                    "embedding": emb[i].tobytes(),
+                    "status": "unlabeled",
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for i in range(start, stop)
+            ],
+        )
+    return len(external_ids) - existing, existing
+
+
+@dataclass(frozen=True)
+class ItemRow:
+    internal_id: int
+    external_id: str
+    status: str  # effective status
+    label: Any
+    batch_id: str | None
+    reserved_until: datetime | None
+    labeled_at: datetime | None
+    embedding: bytes | None
+
+
+def _item_columns(now: datetime, include_embedding: bool) -> list[Any]:
+    cols: list[Any] = [
+        Item.id,
+        Item.external_id,
+        effective_status(now),
+        Item.label,
+        Item.batch_id,
+        Item.reserved_until,
+        Item.labeled_at,
+    ]
+    cols.append(Item.embedding if include_embedding else literal(None))
+    return cols
+
+
+def _to_item_row(row: Row[Any]) -> ItemRow:
+    iid, ext, status, label, batch_id, until, labeled_at, emb = tuple(row)
+    return ItemRow(
+        internal_id=int(iid),
+        external_id=ext,
+        status=status,
+        label=label,
+        batch_id=batch_id,
+        reserved_until=until if status == "reserved" else None,
+        labeled_at=labeled_at,
+        embedding=emb,
+    )
+
+
+def page_items(
+    session: Session,
+    pool_id: str,
+    *,
+    now: datetime,
+    status: str | None = None,
+    after: int | None = None,
+    limit: int = 100,
+    include_embedding: bool = False,
+) -> list[ItemRow]:
+    """Items of a pool in internal-id order, after internal id ``after``, at most ``limit``."""
+    q = select(*_item_columns(now, include_embedding)).where(Item.pool_id == pool_id)
+    if status is not None:
+        q = q.where(status_is(status, now))
+    if after is not None:
+        q = q.where(Item.id > after)
+    rows = session.execute(q.order_by(Item.id).limit(limit)).all()
+    return [_to_item_row(r) for r in rows]
+
+
+def get_item(session: Session, pool_id: str, external_id: str, *, now: datetime) -> ItemRow | None:
+    row = session.execute(
+        select(*_item_columns(now, True)).where(Item.pool_id == pool_id, Item.external_id == external_id)
+    ).one_or_none()
+    return None if row is None else _to_item_row(row)
+
+
+def set_labels(session: Session, values: Sequence[tuple[int, Any]], now: datetime) -> None:
+    """Label items (internal id, value): status ``labeled``, reservation cleared, ``batch_id`` kept."""
+    table = ITEMS
+    for chunk in _chunks(values, _SQLITE_UPSERT_CHUNK):
+        session.execute(
+            table.update()
+            .where(table.c.id == bindparam("b_id"))
+            .values(
+                label=bindparam("b_label", type_=table.c.label.type),
+                status="labeled",
+                labeled_at=now,
+                reserved_until=None,
+                updated_at=now,
+            ),
+            [{"b_id": iid, "b_label": value} for iid, value in chunk],
+        )
+
+
+def clear_label(session: Session, item_id: int, now: datetime) -> None:
+    """Remove an item's current label: back to ``unlabeled`` (history is kept in ``labels``)."""
+    table = ITEMS
+    session.execute(
+        table.update()
+        .where(table.c.id == item_id)
+        .values(label=null(), labeled_at=None, status="unlabeled", reserved_until=None, updated_at=now)
+    )
