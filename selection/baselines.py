@@ -77,20 +77,24 @@ def min_sqdist(Xa: torch.Tensor, Xb: torch.Tensor, chunk: int) -> torch.Tensor:
     return out.clamp_min_(0.0)
 
 
-def _sample_d2(weights: torch.Tensor, available: torch.Tensor, gen: torch.Generator) -> int:
-    """Draw a position with probability ``∝ weights`` (float64 on CPU, so device-independent);
-    uniformly among ``available`` positions when all weights are 0."""
-    w = weights.detach().to(device="cpu", dtype=torch.float64)
-    total = float(w.sum())
+def _sample_d2(weights: torch.Tensor, available: torch.Tensor, gen: torch.Generator) -> tuple[int, bool]:
+    """Draw a position with probability ``∝ weights``; uniformly among ``available`` if all are 0
+    (then the second return value is ``True``).
+
+    The uniform number comes from the CPU generator (the same stream on every device); the inverse
+    CDF is evaluated in float64 where the weights live, so only a scalar crosses the device boundary.
+    """
+    u = torch.rand(1, generator=gen, dtype=torch.float64)
+    cum = torch.cumsum(weights.to(torch.float64), dim=0)  # (m,)
+    total = float(cum[-1])
     if not total > 0.0 or not math.isfinite(total):
-        pool = torch.nonzero(available.cpu()).reshape(-1)
-        return int(pool[torch.randint(int(pool.numel()), (1,), generator=gen)])
-    cum = torch.cumsum(w, dim=0)
-    u = torch.rand(1, generator=gen, dtype=torch.float64) * cum[-1]
-    pos = int(torch.searchsorted(cum, u, right=True).clamp_max(w.numel() - 1))
-    while w[pos] <= 0.0:  # guards the rounding edge u == cum[-1]
+        pool = torch.nonzero(available).reshape(-1)
+        return int(pool[min(int(u * pool.numel()), pool.numel() - 1)]), True
+    target = (u * total).to(cum.device)
+    pos = int(torch.searchsorted(cum, target, right=True).clamp_max(cum.numel() - 1))
+    while weights[pos] <= 0:  # guards the rounding edge target == total
         pos -= 1
-    return pos
+    return pos, False
 
 
 @register(
@@ -131,9 +135,8 @@ def badge(problem: Problem) -> StrategyOutput:
     uniform_draws = 0
     for step in range(1, B):
         w = torch.where(chosen, torch.zeros_like(mind), mind)
-        if not bool((w > 0).any()):
-            uniform_draws += 1
-        j = _sample_d2(w, ~chosen, gen)
+        j, uniform = _sample_d2(w, ~chosen, gen)
+        uniform_draws += uniform
         picks.append(j)
         chosen[j] = True
         mind = torch.minimum(mind, sqdist_to(j))

@@ -134,6 +134,8 @@ def as_array(name: str, a: Any) -> torch.Tensor | np.ndarray:
         raise InputDataError(f"{name} is not a rectangular array: {exc}") from exc
     if arr.dtype.kind not in "fiu":
         raise InputDataError(f"{name} must hold real numbers, got an array of dtype {arr.dtype}")
+    if not arr.dtype.isnative:  # torch refuses big-endian buffers
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr
 
 

@@ -79,6 +79,13 @@ def test_rejects_ragged_embeddings():
         select("random", embeddings=[[1.0, 2.0], [3.0]], task="regression", batch_size=1)
 
 
+def test_accepts_big_endian_arrays():
+    X, P = pool()
+    a = select("margin", embeddings=X.astype(">f8"), probs=P.astype(">f4"), batch_size=3)
+    b = select("margin", embeddings=X, probs=P, batch_size=3)
+    np.testing.assert_array_equal(a.indices, b.indices)
+
+
 def test_accepts_nested_lists_and_integer_embeddings():
     res = select("coreset", embeddings=[[0, 0], [1, 0], [5, 5]], task="regression", labeled=[0], batch_size=1)
     assert res.indices.tolist() == [2]
