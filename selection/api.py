@@ -19,7 +19,7 @@ import torch
 
 from selection.errors import ParameterError, TaskMismatchError, UnknownStrategyError
 from selection.problem import REGISTRY, Problem, Strategy, StrategyOutput
-from selection.validation import build_problem
+from selection.validation import build_problem, check_task
 
 
 @dataclass
@@ -194,25 +194,25 @@ def select(
     t0 = time.perf_counter()
     strat = get_strategy(strategy)
     check_params(strat, params)
+    task_ = check_task(task)
+    if task_ not in strat.tasks:  # before converting anything
+        raise TaskMismatchError(
+            f"strategy {strat.name!r} supports {', '.join(sorted(strat.tasks))}, not {task_}; "
+            f"strategies for {task_}: {', '.join(sorted(n for n, s in REGISTRY.items() if task_ in s.tasks))}"
+        )
     problem = build_problem(
         embeddings=embeddings,
         probs=probs,
         labeled=labeled,
         reserved=reserved,
         batch_size=batch_size,
-        task=task,
+        task=task_,
         seed=seed,
         device=device,
         dtype=dtype,
         chunk_size=chunk_size,
         progress=progress,
     )
-    if problem.task not in strat.tasks:
-        raise TaskMismatchError(
-            f"strategy {strat.name!r} supports {', '.join(sorted(strat.tasks))}, not {problem.task}; "
-            f"strategies for {problem.task}: "
-            f"{', '.join(sorted(n for n, s in REGISTRY.items() if problem.task in s.tasks))}"
-        )
     t1 = time.perf_counter()
     with torch.no_grad():
         out = strat.fn(problem, **params)

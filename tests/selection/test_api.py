@@ -162,3 +162,8 @@ def test_error_classes_are_exported():
     for name in ("SelectionError", "InputDataError", "UnknownStrategyError", "ParameterError",
                  "TaskMismatchError", "MemoryBudgetError", "NumericalWarning"):  # fmt: skip
         assert hasattr(selection, name)
+
+
+def test_task_mismatch_is_reported_before_the_data_is_converted():
+    with pytest.raises(TaskMismatchError, match=r"'badge' supports classification, not regression"):
+        select("badge", embeddings=np.full((3, 2), np.nan), task="regression", batch_size=1)
