@@ -1,0 +1,834 @@
+"""Exact BAIT (forward greedy + backward pruning) without the ``n x dk x k`` tensor, and its variants.
+
+Implements shared/notes/fast-bait.md: per-candidate ``r x r`` matrices ``g_x = V_x^T P V_x`` and
+``h_x = V_x^T Q V_x`` (``P = M^{-1}``, ``Q = P F P``) formed from ``d x d`` blocks, kept current by
+symmetric square-root rank-``r`` updates with one pool GEMM per greedy step.
+
+Conventions (pinned by tests/selection/test_bait.py):
+
+* The last layer ``W`` is ``k x d``, vectorised class-major (index ``c * d + j``).
+  ``I(x) = (diag p - p p^T) ⊗ x x^T = V_x V_x^T`` with column ``c`` of ``V_x`` equal to
+  ``sqrt(p_c) (e_c - p) ⊗ x``. Regression (one output, squared loss): ``I(x) = x x^T``.
+* ``F`` is the mean of ``I(x)`` over **all** ``n`` pool rows (or the ``fisher_weights``-weighted
+  mean); ``bait_nofisher`` uses ``F = I``.
+* ``n_L`` = number of labeled + reserved rows (:attr:`Problem.in_design`), ``B`` = batch size.
+  ``M = lam I + w_L sum_{labeled+reserved} I(x) + w_S sum_{picked} I(x)`` with
+  ``convention="reference"`` (the authors' code, default): ``w_L = 1/(n_L+B)``, ``w_S = B/(n_L+B)``;
+  ``"paper"``: ``w_L = 1/n_L`` (0 if ``n_L = 0``), ``w_S = 1``; ``"sum"``: ``w_L = w_S = 1``.
+* Forward: ``min(oversample * B, n_C)`` picks without repeats, each maximising
+  ``tr(h_x (I + g_x)^{-1})`` with ``V_x`` scaled by ``sqrt(w_S)``; backward: while more than ``B``
+  remain, remove the pick whose removal raises ``tr(M^{-1} F)`` least, ``tr(h_s (I - g_s)^{-1})``.
+* Ties go to the lowest pool row index. Scores within ``rtol * max|score|`` of the best count as
+  tied (``rtol = 1e-10`` for float64 state, ``1e-5`` for float32), so rows that are exact duplicates
+  tie regardless of summation order. NaN scores lose (``-inf`` forward, ``+inf`` backward).
+* The returned indices are the kept picks in forward order. ``objective`` is ``tr(M^{-1} F)`` of
+  the final set in the full ``k d`` parameter space.
+
+Work is done in the reduced class space (softmax null direction dropped, ``r = k - 1``,
+``D = r d``; regression and binary classification become rank-one problems). The ``D x D`` matrices
+``P`` and ``Q`` and the backward pass are float64 whenever they fit ``max_memory_gb``; pool-sized
+GEMMs and the per-candidate state run in the dtype of ``problem.X``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from selection.errors import InputDataError, MemoryBudgetError, ParameterError
+from selection.fisher import exact_objective, fisher_pca_basis, kron_sum, reduced_rank, row_factors
+from selection.linalg import (
+    block_contract,
+    block_matvec,
+    block_quadratic_forms,
+    logdet_scores,
+    trace_solve_scores,
+)
+from selection.problem import Problem, StrategyOutput, register
+
+Tensor = torch.Tensor
+Mode = Literal["fisher", "identity", "logdet"]
+
+CONVENTIONS = ("reference", "paper", "sum")
+APPROXIMATIONS = (None, "pca")
+_TIE_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+_GB = 1e9
+# Per-chunk temporaries of the greedy step are kept near this size so a chunk stays in cache.
+_STEP_CHUNK_BYTES = 8 * 2**20
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------------------
+
+
+def design_weights(convention: str, n_design: int, batch_size: int) -> tuple[float, float]:
+    """``(w_L, w_S)``: weights of labeled/reserved rows and of picked rows in ``M``.
+
+    Args:
+        convention: ``"reference"``, ``"paper"`` or ``"sum"``.
+        n_design: number of labeled + reserved rows.
+        batch_size: ``B``.
+
+    Returns:
+        The two weights.
+
+    Raises:
+        ParameterError: unknown convention.
+    """
+    if convention == "reference":
+        total = n_design + batch_size
+        return 1.0 / total, batch_size / total
+    if convention == "paper":
+        return (1.0 / n_design if n_design > 0 else 0.0), 1.0
+    if convention == "sum":
+        return 1.0, 1.0
+    raise ParameterError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
+
+
+def _check_lam(lam: float) -> float:
+    if isinstance(lam, bool) or not isinstance(lam, int | float) or not math.isfinite(lam) or lam <= 0:
+        raise ParameterError(f"lam must be a finite number > 0, got {lam!r}")
+    return float(lam)
+
+
+def _check_budget(max_memory_gb: float) -> float:
+    ok = isinstance(max_memory_gb, int | float) and not isinstance(max_memory_gb, bool)
+    if not ok or not math.isfinite(max_memory_gb) or max_memory_gb <= 0:
+        raise ParameterError(f"max_memory_gb must be a finite number > 0, got {max_memory_gb!r}")
+    return float(max_memory_gb)
+
+
+def _check_oversample(oversample: float) -> float:
+    ok = isinstance(oversample, int | float) and not isinstance(oversample, bool)
+    if not ok or not math.isfinite(oversample) or oversample < 1:
+        raise ParameterError(f"oversample must be a number >= 1, got {oversample!r}")
+    return float(oversample)
+
+
+def _check_approx(approx: str | None, approx_dim: int | None, d: int) -> None:
+    if approx not in APPROXIMATIONS:
+        raise ParameterError(f"unknown approx {approx!r}; expected None or 'pca'")
+    if approx_dim is not None:
+        if approx is None:
+            raise ParameterError("approx_dim is only used with approx='pca'")
+        if isinstance(approx_dim, bool) or not isinstance(approx_dim, int) or not 1 <= approx_dim <= d:
+            raise ParameterError(f"approx_dim must be an integer in [1, d={d}], got {approx_dim!r}")
+
+
+def _check_fisher_weights(weights: Any, problem: Problem) -> Tensor | None:
+    if weights is None:
+        return None
+    try:
+        w = torch.as_tensor(np.asarray(weights, dtype=np.float64)).to(problem.device)
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(f"fisher_weights must be a numeric array of length n: {exc}") from exc
+    if w.ndim != 1 or w.shape[0] != problem.n:
+        raise ParameterError(f"fisher_weights must have shape ({problem.n},), got {tuple(w.shape)}")
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or float(w.sum()) <= 0:
+        raise ParameterError("fisher_weights must be finite, nonnegative and not all zero")
+    return w / w.sum()
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------------------------------
+
+
+def estimate_bytes(
+    *, n_cand: int, d: int, r: int, matrix_dtype: torch.dtype, state_dtype: torch.dtype, mode: Mode
+) -> int:
+    """Peak bytes of the exact method: ``D x D`` matrices plus the per-candidate state.
+
+    Setup holds ``F``, ``P``, ``Q`` and one ``D x D`` temporary (Cholesky or product); with a state
+    dtype narrower than the matrix dtype, casts of ``P`` and ``Q`` are held while forming ``g``/``h``.
+    """
+    big_d = r * d
+    mb = torch.finfo(matrix_dtype).bits // 8
+    sb = torch.finfo(state_dtype).bits // 8
+    n_mats = 2 if mode == "logdet" else 4
+    mats = n_mats * big_d * big_d * mb
+    if sb != mb:
+        mats += (1 if mode == "logdet" else 2) * big_d * big_d * sb
+    per_cand = d + (2 if mode == "logdet" else 3) * r * r
+    return int(mats + n_cand * per_cand * sb)
+
+
+def _choose_matrix_dtype(problem: Problem, x_dim: int, r: int, mode: Mode, budget_gb: float) -> torch.dtype:
+    """float64 for the ``D x D`` matrices when they fit the budget, else the input dtype, else raise."""
+    n_cand = int(problem.candidates.numel())
+    options = [torch.float64] if problem.dtype == torch.float64 else [torch.float64, problem.dtype]
+    need = 0
+    for dt in options:
+        need = estimate_bytes(n_cand=n_cand, d=x_dim, r=r, matrix_dtype=dt, state_dtype=problem.dtype, mode=mode)
+        if need <= budget_gb * _GB:
+            return dt
+    # Largest projected dimension that would fit (float matrices of the input dtype).
+    fit = 0
+    for dim in range(x_dim, 0, -1):
+        est = estimate_bytes(n_cand=n_cand, d=dim, r=r, matrix_dtype=options[-1], state_dtype=problem.dtype, mode=mode)
+        if est <= budget_gb * _GB:
+            fit = dim
+            break
+    hint = (
+        f"use the approximation approx='pca' with approx_dim <= {fit}"
+        if fit > 0
+        else "the per-candidate state alone exceeds the budget; use approx='pca' with a small approx_dim "
+        "or a smaller pool"
+    )
+    raise MemoryBudgetError(
+        f"exact BAIT needs about {need / _GB:.1f} GB for its {r * x_dim} x {r * x_dim} matrices "
+        f"(k-1={r}, d={x_dim}) and per-candidate state, more than max_memory_gb={budget_gb:g}; "
+        f"{hint}, or raise max_memory_gb."
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------------
+
+
+def _first_best(scores: Tensor, eligible: Tensor, *, maximize: bool, rtol: float) -> int:
+    """Index of the best eligible score; near-ties (``rtol * max|score|``) go to the lowest index.
+
+    NaN/inf scores lose against every finite one; if no eligible score is finite, the first eligible
+    position is returned.
+    """
+    ok = eligible & torch.isfinite(scores)
+    if not bool(ok.any()):
+        return int(torch.nonzero(eligible)[0, 0])
+    fill = float("-inf") if maximize else float("inf")
+    vals = torch.where(ok, scores, torch.full_like(scores, fill))
+    best = vals.max() if maximize else vals.min()
+    tol = rtol * torch.where(ok, scores.abs(), torch.zeros_like(scores)).max()
+    hit = ok & ((scores >= best - tol) if maximize else (scores <= best + tol))
+    return int(torch.argmax(hit.to(torch.uint8)))
+
+
+@dataclass
+class _Timer:
+    setup: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+
+
+@dataclass
+class _State:
+    """Everything the greedy passes update. ``D = r d``; ``n_C`` candidates."""
+
+    x: Tensor  # n_C x d candidate embeddings (state dtype)
+    e: Tensor  # n_C x r x r class factors scaled by sqrt(w_S) (state dtype)
+    g: Tensor  # n_C x r x r
+    h: Tensor | None  # n_C x r x r (None in logdet mode)
+    p: Tensor  # D x D, P = M^{-1} (matrix dtype)
+    q: Tensor | None  # D x D, Q = P F P (None in logdet mode)
+    value: float  # tr(P F) in the reduced space, or log det M (logdet mode)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class _Bait:
+    """Structured exact BAIT on one (possibly projected) problem."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        x: Tensor,
+        *,
+        lam: float,
+        w_design: float,
+        w_picked: float,
+        mode: Mode,
+        fisher_weights: Tensor | None,
+        matrix_dtype: torch.dtype,
+    ) -> None:
+        self.problem = problem
+        self.x_all = x  # n x d (state dtype)
+        self.probs = problem.probs
+        self.lam = lam
+        self.w_design = w_design
+        self.w_picked = w_picked
+        self.mode: Mode = mode
+        self.fisher_weights = fisher_weights
+        self.mdt = matrix_dtype
+        self.device = x.device
+        self.n, self.d = int(x.shape[0]), int(x.shape[1])
+        self.r = reduced_rank(problem.probs)
+        # Per-candidate state dtype. Rank-one problems (regression, binary) keep theirs in float64:
+        # g and h are then n scalars, the step is one streaming read of X either way, and float32
+        # state drifts most there (g = x^T P x cancels as P shrinks; notes sec. 3).
+        self.sdt = torch.float64 if self.r == 1 else x.dtype
+        self.big_d = self.r * self.d
+        self.rtol = _TIE_RTOL.get(self.sdt, 1e-5)
+        cand_bytes = max(1, (self.d + 4 * self.r * self.r) * torch.finfo(self.sdt).bits // 8)
+        self.step_chunk = max(64, min(problem.chunk_size, _STEP_CHUNK_BYTES // cand_bytes))
+        self.done = 0
+        self.total = 0
+
+    # ---- progress -------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        self.done += 1
+        self.problem.report(self.done, self.total)
+
+    # ---- setup ----------------------------------------------------------------------------------
+    def setup(self, n_steps_total: int) -> _State:
+        """Build ``F``, ``P_0``, ``Q_0`` and the candidates' ``g``, ``h`` (notes sec. 2(e))."""
+        prob = self.problem
+        mdt, sdt, dev = self.mdt, self.sdt, self.device
+        lam, big_d, r = self.lam, self.big_d, self.r
+        cs = prob.chunk_size
+        cand = prob.candidates
+        n_cand = int(cand.numel())
+        design = prob.in_design
+        n_design = int(design.numel())
+        pool_chunks = 0 if self.mode != "fisher" else math.ceil(self.n / cs)
+        cand_chunks = math.ceil(n_cand / cs)
+        self.total = pool_chunks + cand_chunks + n_steps_total
+
+        # F: weighted mean of I(x) over every pool row, accumulated in the matrix dtype.
+        fmat: Tensor | None = None
+        if self.mode == "fisher":
+            weights = self.fisher_weights
+            if weights is None:
+                weights = torch.full((self.n,), 1.0 / self.n, dtype=torch.float64, device=dev)
+            fmat = torch.zeros(big_d, big_d, dtype=mdt, device=dev)
+            for lo in range(0, self.n, cs):
+                hi = min(self.n, lo + cs)
+                part = kron_sum(
+                    self.x_all[lo:hi],
+                    None if self.probs is None else self.probs[lo:hi],
+                    weights[lo:hi],
+                    out_dtype=mdt,
+                    chunk_size=cs,
+                    compute_dtype=sdt,
+                )
+                fmat += part
+                del part
+                self._tick()
+        elif self.mode == "identity":
+            fmat = torch.eye(big_d, dtype=mdt, device=dev)
+
+        # P_0 = M_0^{-1}, Q_0 = P_0 F P_0, and log det M_0.
+        p0_identity = n_design == 0 or self.w_design == 0.0
+        q: Tensor | None = None
+        m_prime = n_design * r
+        if p0_identity:
+            p = torch.eye(big_d, dtype=mdt, device=dev) / lam
+            q = None if fmat is None else fmat / lam**2
+            logdet0 = big_d * math.log(lam)
+            method = "identity"
+        elif 2 * m_prime < big_d:
+            # Woodbury with the D x m' factor of the design Fisher (notes sec. 2(e)).
+            xl = self.x_all[design].to(mdt)  # n_L x d
+            el = row_factors(None if self.probs is None else self.probs[design], n_design, dtype=mdt, device=dev)
+            el = el * math.sqrt(self.w_design)  # n_L x r x r
+            # lf[a*d + j, i*r + c] = x_i[j] E_i[a, c]
+            lf = (el.permute(1, 0, 2)[:, None, :, :] * xl.T[None, :, :, None]).reshape(big_d, m_prime)
+            kmat = lf.T @ lf
+            kmat.diagonal().add_(lam)
+            kchol = torch.linalg.cholesky(kmat)
+            z = torch.cholesky_solve(lf.T, kchol).T  # D x m': L K^{-1}
+            p = -(z @ lf.T)
+            p.diagonal().add_(1.0)
+            p /= lam
+            if fmat is not None:
+                y = fmat @ lf  # D x m'
+                y -= 0.5 * (z @ (lf.T @ y))
+                q = fmat - z @ y.T - y @ z.T
+                q /= lam**2
+            logdet0 = (big_d - m_prime) * math.log(lam) + 2.0 * float(kchol.diagonal().log().sum())
+            del lf, z, kmat
+            method = "woodbury"
+        else:
+            m0 = kron_sum(
+                self.x_all[design],
+                None if self.probs is None else self.probs[design],
+                None,
+                out_dtype=mdt,
+                chunk_size=cs,
+                compute_dtype=mdt,
+            )
+            m0 *= self.w_design
+            m0.diagonal().add_(lam)
+            chol = torch.linalg.cholesky(m0)
+            del m0
+            logdet0 = 2.0 * float(chol.diagonal().log().sum())
+            p = torch.cholesky_inverse(chol)
+            del chol
+            if fmat is not None:
+                q = p @ fmat @ p
+            method = "cholesky"
+        p = 0.5 * (p + p.T)
+        if q is not None:
+            q = 0.5 * (q + q.T)
+
+        value = logdet0 if self.mode == "logdet" else float((p * fmat).sum())  # type: ignore[operator]
+        del fmat
+
+        # Candidates: embeddings, scaled factors, g and h (notes sec. 2(a)).
+        xc = self.x_all if n_cand == self.n else self.x_all[cand]
+        e = row_factors(None if self.probs is None else self.probs[cand], n_cand, dtype=sdt, device=dev)
+        e *= math.sqrt(self.w_picked)
+        g = torch.empty(n_cand, r, r, dtype=sdt, device=dev)
+        h = None if q is None else torch.empty(n_cand, r, r, dtype=sdt, device=dev)
+        p_s = None if p0_identity else p.to(sdt)
+        q_s = None if q is None else q.to(sdt)
+        for lo in range(0, n_cand, cs):
+            hi = min(n_cand, lo + cs)
+            xs = xc[lo:hi].to(sdt)
+            ec = e[lo:hi]
+            ete = ec.transpose(1, 2)
+            if p_s is None:
+                norms = (xs * xs).sum(1) / lam  # G_x = ||x||^2 / lam I
+                g[lo:hi] = (ete @ ec) * norms[:, None, None]
+            else:
+                g[lo:hi] = ete @ block_quadratic_forms(xs, p_s) @ ec
+            if h is not None and q_s is not None:
+                h[lo:hi] = ete @ block_quadratic_forms(xs, q_s) @ ec
+            self._tick()
+        del p_s, q_s
+        state = _State(x=xc, e=e, g=g, h=h, p=p, q=q, value=value)
+        state.info["p0"] = method
+        return state
+
+    # ---- one pick or removal on the D x D matrices ----------------------------------------------
+    def _rank_update(self, st: _State, x_s: Tensor, e_s: Tensor, sigma: float) -> tuple[Tensor, float]:
+        """Add (``sigma=+1``) or remove (``-1``) one point; return the pool-GEMM blocks and the change.
+
+        Args:
+            st: state; ``p`` and ``q`` are updated in place.
+            x_s: ``d`` embedding of the point.
+            e_s: ``r x r`` scaled class factor of the point.
+            sigma: ``+1`` or ``-1``.
+
+        Returns:
+            ``(blocks, delta)``: ``d x (r * c * r)`` matrix ``[U~ | R^]`` laid out for
+            :meth:`_update_rows` (``c = 2``, or 1 in logdet mode), and the decrease (forward) /
+            increase (backward) of ``tr(M^{-1}F)``, or the increase of ``log det M``.
+        """
+        mdt = self.mdt
+        r, d = self.r, self.d
+        x_s = x_s.to(mdt)
+        e_s = e_s.to(mdt)
+        eye = torch.eye(r, dtype=mdt, device=self.device)
+        u = block_matvec(st.p, x_s) @ e_s  # D x r: P V_s
+        g_s = e_s.T @ block_contract(u, x_s)  # r x r: V_s^T P V_s
+        a = eye + sigma * 0.5 * (g_s + g_s.T)
+        chol, info = torch.linalg.cholesky_ex(a)
+        if int(info) != 0:
+            what = "adding" if sigma > 0 else "removing"
+            raise InputDataError(
+                f"BAIT: the Woodbury system for {what} a point is not positive definite; the embeddings "
+                "or probabilities are too ill-conditioned for this lam (use a larger lam or float64 input)"
+            )
+        u_t = torch.linalg.solve_triangular(chol, u.T, upper=False).T  # D x r: U L^{-T}
+        if st.q is None:
+            st.p.addmm_(u_t, u_t.T, alpha=-sigma)
+            delta = 2.0 * float(chol.diagonal().log().sum())
+            blocks = u_t.view(r, d, 1, r)
+        else:
+            rr = block_matvec(st.q, x_s) @ e_s  # D x r: Q V_s
+            h_s = e_s.T @ block_contract(rr, x_s)  # r x r: V_s^T Q V_s
+            h_s = 0.5 * (h_s + h_s.T)
+            r_t = torch.linalg.solve_triangular(chol, rr.T, upper=False).T  # D x r: R L^{-T}
+            y = torch.linalg.solve_triangular(chol, h_s, upper=False)  # L^{-1} h_s
+            s_t = torch.linalg.solve_triangular(chol, y.T, upper=False)  # L^{-1} h_s L^{-T}
+            r_h = r_t - (0.5 * sigma) * (u_t @ s_t)  # D x r
+            st.p.addmm_(u_t, u_t.T, alpha=-sigma)
+            st.q.addmm_(u_t, r_h.T, alpha=-sigma)
+            st.q.addmm_(r_h, u_t.T, alpha=-sigma)
+            delta = float(s_t.diagonal().sum())
+            blocks = torch.stack([u_t, r_h], dim=1).view(r, d, 2, r)
+        # d x (r * c * r), column index (a, c-block, col): one GEMM gives m x r x (c r) per chunk.
+        return blocks.permute(1, 0, 2, 3).reshape(d, -1), delta
+
+    @staticmethod
+    def _update_rows(x: Tensor, e: Tensor, g: Tensor, h: Tensor | None, blocks: Tensor, sigma: float) -> None:
+        """``g -= sigma W W^T``, ``h -= sigma (W Z^T + Z W^T)`` with ``[W | Z] = E^T (X [U~ | R^])``.
+
+        Args:
+            x: ``m x d`` rows.
+            e: ``m x r x r`` scaled factors.
+            g: ``m x r x r``, updated in place.
+            h: ``m x r x r`` or ``None``, updated in place.
+            blocks: ``d x (r * c * r)`` from :meth:`_rank_update`, same dtype as ``x``.
+            sigma: ``+1`` or ``-1``.
+        """
+        m = x.shape[0]
+        r = g.shape[1]
+        t = x.to(blocks.dtype) @ blocks  # m x (r * c * r)
+        if r == 1:
+            w = e[:, 0, 0] * t[:, 0]
+            g[:, 0, 0] -= sigma * w * w
+            if h is not None:
+                z = e[:, 0, 0] * t[:, 1]
+                h[:, 0, 0] -= (2.0 * sigma) * w * z
+            return
+        c = 1 if h is None else 2
+        wz = torch.bmm(e.transpose(1, 2), t.view(m, r, c * r))  # m x r x c r: [W | Z]
+        w = wz[:, :, :r]
+        if h is None:
+            g.sub_(torch.bmm(w, w.transpose(1, 2)), alpha=sigma)
+            return
+        z = wz[:, :, r:]
+        both = torch.bmm(w, torch.cat([w.transpose(1, 2), z.transpose(1, 2)], dim=2))  # [W W^T | W Z^T]
+        g.sub_(both[:, :, :r], alpha=sigma)
+        wzt = both[:, :, r:]
+        h.sub_(wzt + wzt.transpose(1, 2), alpha=sigma)
+
+    def _scores(self, g: Tensor, h: Tensor | None, sigma: float) -> Tensor:
+        if h is None:
+            return logdet_scores(g)
+        return trace_solve_scores(g, h, sigma)
+
+    # ---- passes ---------------------------------------------------------------------------------
+    def forward(self, st: _State, n_steps: int) -> tuple[list[int], list[float]]:
+        """Greedy forward pass; returns candidate positions in pick order and their gains."""
+        n_cand = st.x.shape[0]
+        cs = self.step_chunk
+        chosen = torch.zeros(n_cand, dtype=torch.bool, device=self.device)
+        eligible = torch.ones(n_cand, dtype=torch.bool, device=self.device)
+        scores = torch.empty(n_cand, dtype=self.sdt, device=self.device)
+        for lo in range(0, n_cand, cs):
+            hi = min(n_cand, lo + cs)
+            scores[lo:hi] = self._scores(st.g[lo:hi], None if st.h is None else st.h[lo:hi], 1.0)
+        picks: list[int] = []
+        gains: list[float] = []
+        for step in range(n_steps):
+            pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
+            picks.append(pos)
+            chosen[pos] = True
+            eligible[pos] = False
+            blocks, delta = self._rank_update(st, st.x[pos], st.e[pos], 1.0)
+            gains.append(delta)
+            st.value = st.value + delta if self.mode == "logdet" else st.value - delta
+            if step + 1 < n_steps:
+                blocks = blocks.to(self.sdt)
+                # Chosen rows are updated too (harmless) so the chunks stay contiguous.
+                for lo in range(0, n_cand, cs):
+                    hi = min(n_cand, lo + cs)
+                    hc = None if st.h is None else st.h[lo:hi]
+                    self._update_rows(st.x[lo:hi], st.e[lo:hi], st.g[lo:hi], hc, blocks, 1.0)
+                    scores[lo:hi] = self._scores(st.g[lo:hi], hc, 1.0)
+            self._tick()
+        return picks, gains
+
+    def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
+        """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
+        assert st.q is not None
+        mdt = self.mdt
+        order = sorted(picks)  # ascending candidate position = ascending pool row
+        idx = torch.tensor(order, dtype=torch.long, device=self.device)
+        x = st.x[idx].to(mdt)
+        e = st.e[idx].to(mdt)
+        et = e.transpose(1, 2)
+        # Fresh g, h of the picks from the current P, Q (float64 when P, Q are).
+        g = et @ block_quadratic_forms(x, st.p) @ e
+        h = et @ block_quadratic_forms(x, st.q) @ e
+        alive = torch.ones(len(order), dtype=torch.bool, device=self.device)
+        rtol = _TIE_RTOL.get(mdt, 1e-5)
+        for _ in range(len(order) - n_keep):
+            scores = trace_solve_scores(g, h, -1.0)
+            j = _first_best(scores, alive, maximize=False, rtol=rtol)
+            alive[j] = False
+            blocks, delta = self._rank_update(st, x[j], e[j], -1.0)
+            st.value += delta
+            self._update_rows(x, e, g, h, blocks, -1.0)
+            self._tick()
+        kept = {order[j] for j in range(len(order)) if bool(alive[j])}
+        return [p for p in picks if p in kept]
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver shared by the strategies
+# --------------------------------------------------------------------------------------------------
+
+
+def _run(
+    problem: Problem,
+    *,
+    mode: Mode,
+    lam: float,
+    oversample: float,
+    convention: str,
+    approx: str | None,
+    approx_dim: int | None,
+    fisher_weights: Any,
+    max_memory_gb: float,
+    backward: bool,
+) -> StrategyOutput:
+    t_start = time.perf_counter()
+    lam = _check_lam(lam)
+    oversample = _check_oversample(oversample)
+    budget = _check_budget(max_memory_gb)
+    _check_approx(approx, approx_dim, problem.d)
+    if convention not in CONVENTIONS:
+        raise ParameterError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
+    weights = _check_fisher_weights(fisher_weights, problem)
+    if problem.probs is not None and problem.probs.shape[1] < 2:
+        raise InputDataError("classification needs at least 2 classes")
+    if problem.dtype not in (torch.float32, torch.float64):
+        raise InputDataError(f"BAIT needs float32 or float64 embeddings, got {problem.dtype}")
+
+    r = reduced_rank(problem.probs)
+    b = problem.batch_size
+    n_cand = int(problem.candidates.numel())
+    n_design = int(problem.in_design.numel())
+    w_design, w_picked = design_weights(convention, n_design, b)
+    n_forward = b if not backward else min(n_cand, max(b, math.floor(oversample * b + 1e-9)))
+
+    diag: dict[str, Any] = {
+        "device": str(problem.device),
+        "dtype": str(problem.dtype).replace("torch.", ""),
+        "torch_threads": torch.get_num_threads(),
+        "lam": lam,
+        "convention": convention,
+        "w_labeled": w_design,
+        "w_selected": w_picked,
+        "approximation": approx,
+    }
+
+    x = problem.X
+    x_dim = problem.d
+    with torch.no_grad():
+        if approx == "pca":
+            if approx_dim is None:
+                approx_dim = max(1, problem.d // 4)
+                while (
+                    approx_dim > 1
+                    and estimate_bytes(
+                        n_cand=n_cand,
+                        d=approx_dim,
+                        r=r,
+                        matrix_dtype=torch.float64,
+                        state_dtype=problem.dtype,
+                        mode=mode,
+                    )
+                    > budget * _GB
+                ):
+                    approx_dim -= 1
+            basis, var_kept = fisher_pca_basis(x, problem.probs, weights, approx_dim, chunk_size=problem.chunk_size)
+            x = (x.to(torch.float64) @ basis).to(problem.dtype)
+            x_dim = approx_dim
+            diag["approx_dim"] = approx_dim
+            diag["approx_variance_kept"] = var_kept
+        mdt = _choose_matrix_dtype(problem, x_dim, r, mode, budget)
+        diag["D"] = r * x_dim
+        diag["matrix_dtype"] = str(mdt).replace("torch.", "")
+
+        engine = _Bait(
+            problem,
+            x,
+            lam=lam,
+            w_design=w_design,
+            w_picked=w_picked,
+            mode=mode,
+            fisher_weights=weights,
+            matrix_dtype=mdt,
+        )
+        n_backward = n_forward - b if backward else 0
+        state = engine.setup(n_forward + n_backward)
+        t_setup = time.perf_counter()
+        picks, gains = engine.forward(state, n_forward)
+        t_fwd = time.perf_counter()
+        kept = engine.backward(state, picks, b) if backward and n_backward > 0 else picks
+        t_bwd = time.perf_counter()
+
+    rows = problem.candidates[torch.tensor(kept, dtype=torch.long, device=problem.device)]
+    indices = rows.cpu().numpy().astype(np.int64)
+    diag["timings"] = {"setup": t_setup - t_start, "forward": t_fwd - t_setup, "backward": t_bwd - t_fwd}
+    diag["steps"] = {"forward": n_forward, "backward": n_backward}
+    diag["p0_method"] = state.info.get("p0")
+
+    objective: float | None
+    if mode == "logdet":
+        null = problem.d * math.log(lam) if problem.probs is not None else 0.0
+        diag["logdet"] = state.value + null
+        diag["logdet_gain"] = float(sum(gains))
+        diag["forward_gains"] = gains
+        objective = None
+        if approx is not None:
+            diag["objective_kind"] = "projected"
+    else:
+        objective = state.value
+        if mode == "identity" and problem.probs is not None:
+            objective += x_dim / lam  # softmax null direction of the (projected) parameter space
+        if approx is not None:
+            diag["projected_objective"] = objective
+            diag["objective_kind"] = "projected"
+            fits = estimate_bytes(
+                n_cand=0, d=problem.d, r=r, matrix_dtype=torch.float64, state_dtype=torch.float64, mode=mode
+            )
+            if fits <= budget * _GB:
+                with torch.no_grad():
+                    exact = exact_objective(
+                        problem.X,
+                        problem.probs,
+                        problem.in_design,
+                        rows,
+                        lam=lam,
+                        w_design=w_design,
+                        w_picked=w_picked,
+                        fisher_weights=weights,
+                        identity_fisher=mode == "identity",
+                        chunk_size=problem.chunk_size,
+                    )
+                diag["exact_objective"] = exact
+                diag["objective_kind"] = "exact"
+                objective = exact
+        diag["forward_gains"] = gains
+    diag["timings"]["total"] = time.perf_counter() - t_start
+    return StrategyOutput(indices=indices, objective=objective, diagnostics=diag)
+
+
+@register(
+    "bait",
+    tasks=("classification", "regression"),
+    summary="BAIT: greedy forward-backward minimisation of tr(M^-1 F) (Fisher trace), exact and structured",
+)
+def bait(
+    problem: Problem,
+    *,
+    lam: float = 1.0,
+    oversample: float = 2,
+    convention: str = "reference",
+    approx: str | None = None,
+    approx_dim: int | None = None,
+    fisher_weights: Any = None,
+    max_memory_gb: float = 8.0,
+) -> StrategyOutput:
+    """BAIT selection (Ash et al. 2021, Algorithm 1), exact, without the ``n x dk x k`` tensor.
+
+    Args:
+        problem: the validated pool (``X`` is ``n x d``, ``probs`` ``n x k`` or ``None``).
+        lam: ridge ``lam > 0`` of ``M``.
+        oversample: the forward pass picks ``min(oversample * B, n_C)`` points (``1`` = forward only).
+        convention: weights of labeled/reserved and picked rows in ``M``: ``"reference"``
+            (authors' code), ``"paper"`` or ``"sum"`` (see the module docstring).
+        approx: ``None`` (exact) or ``"pca"``: select on embeddings projected onto the top
+            ``approx_dim`` eigenvectors of the Fisher-weighted pool second moment.
+        approx_dim: projected dimension for ``approx="pca"`` (default ``d // 4``, shrunk to fit).
+        fisher_weights: optional ``n`` nonnegative row weights; ``F`` is their weighted mean of ``I(x)``.
+        max_memory_gb: budget for the ``D x D`` matrices and per-candidate state.
+
+    Returns:
+        Kept picks (pool row indices, forward order), ``tr(M^{-1}F)`` of the set, diagnostics.
+
+    Raises:
+        ParameterError: a parameter is out of range.
+        MemoryBudgetError: the exact matrices exceed ``max_memory_gb`` (use ``approx="pca"``).
+    """
+    return _run(
+        problem,
+        mode="fisher",
+        lam=lam,
+        oversample=oversample,
+        convention=convention,
+        approx=approx,
+        approx_dim=approx_dim,
+        fisher_weights=fisher_weights,
+        max_memory_gb=max_memory_gb,
+        backward=True,
+    )
+
+
+@register(
+    "bait_nofisher",
+    tasks=("classification", "regression"),
+    summary="BAIT ablation with the pool Fisher replaced by the identity: minimises tr(M^-1)",
+)
+def bait_nofisher(
+    problem: Problem,
+    *,
+    lam: float = 1.0,
+    oversample: float = 2,
+    convention: str = "reference",
+    approx: str | None = None,
+    approx_dim: int | None = None,
+    max_memory_gb: float = 8.0,
+) -> StrategyOutput:
+    """BAIT with ``F = I`` (the paper's "no Fisher" ablation); same passes and conventions as :func:`bait`.
+
+    Args:
+        problem: the validated pool.
+        lam: ridge ``lam > 0``.
+        oversample: forward picks ``min(oversample * B, n_C)``.
+        convention: ``"reference"``, ``"paper"`` or ``"sum"``.
+        approx: ``None`` or ``"pca"``.
+        approx_dim: projected dimension for ``approx="pca"``.
+        max_memory_gb: memory budget.
+
+    Returns:
+        Kept picks in forward order and ``tr(M^{-1})`` of the set (full ``k d`` space).
+
+    Raises:
+        ParameterError: a parameter is out of range.
+        MemoryBudgetError: the exact matrices exceed ``max_memory_gb``.
+    """
+    return _run(
+        problem,
+        mode="identity",
+        lam=lam,
+        oversample=oversample,
+        convention=convention,
+        approx=approx,
+        approx_dim=approx_dim,
+        fisher_weights=None,
+        max_memory_gb=max_memory_gb,
+        backward=True,
+    )
+
+
+@register(
+    "logdet_fisher",
+    tasks=("classification",),
+    summary="Greedy maximisation of log det(M) with the full pointwise Fisher (paper appendix, Alg. 3)",
+)
+def logdet_fisher(
+    problem: Problem,
+    *,
+    lam: float = 1.0,
+    convention: str = "sum",
+    approx: str | None = None,
+    approx_dim: int | None = None,
+    max_memory_gb: float = 8.0,
+) -> StrategyOutput:
+    """Greedy ``log det`` (D-optimal) selection with ``I(x)``: each pick maximises ``log det(I + g_x)``.
+
+    The default ``convention="sum"`` (``M = lam I + sum_{design + picked} I(x)``) matches
+    ``logdet_rank1``, so the two appendix variants differ only in the embedding;
+    ``convention="paper"`` scales the labeled sum by ``1/n_L`` as the appendix algorithm does.
+    Forward only, ``B`` picks.
+
+    Args:
+        problem: the validated pool.
+        lam: ridge ``lam > 0``.
+        convention: ``"sum"``, ``"paper"`` or ``"reference"``.
+        approx: ``None`` or ``"pca"``.
+        approx_dim: projected dimension for ``approx="pca"``.
+        max_memory_gb: memory budget.
+
+    Returns:
+        Picks in order; ``objective`` is ``None``; ``diagnostics["logdet"]`` is ``log det M`` of the
+        final set (full ``k d`` space) and ``diagnostics["logdet_gain"]`` its increase over ``M_0``.
+
+    Raises:
+        ParameterError: a parameter is out of range.
+        MemoryBudgetError: the exact matrices exceed ``max_memory_gb``.
+    """
+    return _run(
+        problem,
+        mode="logdet",
+        lam=lam,
+        oversample=1,
+        convention=convention,
+        approx=approx,
+        approx_dim=approx_dim,
+        fisher_weights=None,
+        max_memory_gb=max_memory_gb,
+        backward=False,
+    )

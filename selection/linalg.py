@@ -1,0 +1,216 @@
+"""Linear-algebra kernels of the structured BAIT method (shared/notes/fast-bait.md, sec. 2).
+
+Parameter vectors are class-major in a *reduced* space of dimension ``D = r * d``: coordinate
+``a * d + j`` is reduced class direction ``a`` (``0 <= a < r``) and embedding coordinate ``j``. A
+Fisher matrix there is a sum of Kronecker products ``S ⊗ x x^T`` with ``S`` an ``r x r`` class matrix;
+a ``D x D`` matrix is viewed as ``r x r`` blocks of size ``d x d``.
+
+Everything here is pure torch: dtype and device follow the arguments, nothing is moved to a device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+# Below this many reduced classes the batched score uses a vectorised elimination written in
+# torch (one elementwise op over the whole chunk per pivot); above it, batched LAPACK Cholesky.
+_ELIMINATION_MAX_R = 12
+
+
+def helmert_basis(k: int, *, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Orthonormal basis of the complement of the all-ones vector in ``R^k`` (Helmert contrasts).
+
+    Args:
+        k: number of classes, ``k >= 2``.
+        dtype: dtype of the result.
+        device: device of the result.
+
+    Returns:
+        ``k x (k-1)`` matrix ``O`` with ``O^T O = I`` and ``O^T 1 = 0``. Column ``j`` is
+        ``(1, ..., 1, -(j+1), 0, ..., 0) / sqrt((j+1)(j+2))`` with ``j+1`` leading ones.
+    """
+    out = torch.zeros(k, k - 1, dtype=torch.float64)
+    for j in range(k - 1):
+        out[: j + 1, j] = 1.0
+        out[j + 1, j] = -(j + 1.0)
+        out[:, j] /= ((j + 1.0) * (j + 2.0)) ** 0.5
+    return out.to(dtype=dtype, device=device)
+
+
+def reduced_class_factor(probs: Tensor, basis: Tensor) -> Tensor:
+    """Square factor of each row's class Fisher in the reduced (softmax-null-free) class space.
+
+    With ``C = diag(p) - p p^T`` and ``O`` = ``basis``, returns ``E`` with ``E E^T = O^T C O``.
+    ``E = O^T diag(sqrt p) H`` where ``H`` is the first ``k-1`` columns of the Householder reflector
+    that sends ``sqrt p`` to ``-e_k`` (an orthonormal basis of ``sqrt(p)^⊥``); ``1 + sqrt(p_k) >= 1``,
+    so the construction is stable for any probability vector, peaked ones included.
+
+    Args:
+        probs: ``m x k`` probabilities.
+        basis: ``k x (k-1)`` orthonormal basis of ``1^⊥`` (:func:`helmert_basis`).
+
+    Returns:
+        ``m x (k-1) x (k-1)`` factors ``E``.
+    """
+    k = probs.shape[1]
+    r = k - 1
+    s = probs.clamp_min(0).sqrt()  # m x k
+    v = s.clone()
+    v[:, -1] += 1.0  # v = sqrt(p) + e_k, ||v||^2 = 2 (1 + s_k)
+    denom = v[:, -1:]  # m x 1, equals 1 + s_k
+    ot = basis.T  # r x k
+    u = (s * v) @ basis  # m x r: O^T (s ∘ v)
+    # O^T diag(s) I[:, :r]  minus  O^T (s ∘ v) v[:r]^T / (1 + s_k)
+    e = ot[:, :r].unsqueeze(0) * s[:, None, :r]  # m x r x r
+    e -= u[:, :, None] * (v[:, None, :r] / denom[:, :, None])
+    return e
+
+
+def accumulate_kron_upper(out: Tensor, x: Tensor, s: Tensor) -> None:
+    """``out += sum_i s_i ⊗ x_i x_i^T`` on the upper block triangle (blocks ``b >= a``).
+
+    One GEMM ``x^T @ Y_a`` per block row ``a`` (``Y_a`` is ``m x (r-a)d``): ``m D^2`` flops in all.
+    The lower block triangle is left untouched; call :func:`symmetrize_blocks` once at the end.
+
+    Args:
+        out: ``D x D`` accumulator, ``D = r d``; may have a wider dtype than ``x``.
+        x: ``m x d`` rows.
+        s: ``m x r x r`` symmetric class matrices (weights already folded in).
+    """
+    m, d = x.shape
+    r = s.shape[1]
+    for a in range(r):
+        y = (s[:, a, a:, None] * x[:, None, :]).reshape(m, (r - a) * d)  # m x (r-a)d
+        out[a * d : (a + 1) * d, a * d :] += (x.T @ y).to(out.dtype)
+
+
+def symmetrize_blocks(mat: Tensor, r: int) -> None:
+    """Copy the upper ``d x d`` blocks of ``mat`` (``D x D``, ``D = r d``) onto the lower ones, in place."""
+    d = mat.shape[0] // r
+    for a in range(r):
+        for b in range(a + 1, r):
+            mat[b * d : (b + 1) * d, a * d : (a + 1) * d] = mat[a * d : (a + 1) * d, b * d : (b + 1) * d].T
+
+
+def block_quadratic_forms(x: Tensor, mat: Tensor) -> Tensor:
+    """Per-row ``r x r`` matrices ``G_i[a, b] = x_i^T mat_ab x_i`` for a symmetric block matrix.
+
+    Uses the upper block triangle only: ``r`` GEMMs ``x @ mat[a-block, b>=a]``, ``m D^2`` flops.
+
+    Args:
+        x: ``m x d`` rows (same dtype as ``mat``).
+        mat: ``D x D`` symmetric matrix, ``D = r d``.
+
+    Returns:
+        ``m x r x r`` symmetric matrices.
+    """
+    m, d = x.shape
+    r = mat.shape[0] // d
+    out = x.new_empty(m, r, r)
+    for a in range(r):
+        t = x @ mat[a * d : (a + 1) * d, a * d :]  # m x (r-a)d
+        vals = (t.view(m, r - a, d) * x[:, None, :]).sum(-1)  # m x (r-a)
+        out[:, a, a:] = vals
+        out[:, a + 1 :, a] = vals[:, 1:]
+    return out
+
+
+def block_matvec(mat: Tensor, x: Tensor) -> Tensor:
+    """``[mat_{:, b} x]_b`` for a ``D x D`` matrix and a ``d``-vector: the ``D x r`` matrix ``mat (I_r ⊗ x)``.
+
+    Args:
+        mat: ``D x D``, ``D = r d``.
+        x: ``d`` vector.
+
+    Returns:
+        ``D x r`` matrix (``2 D^2`` flops, one streaming read of ``mat``).
+    """
+    big_d = mat.shape[0]
+    d = x.shape[0]
+    return mat.view(big_d, big_d // d, d) @ x
+
+
+def block_contract(u: Tensor, x: Tensor) -> Tensor:
+    """``(I_r ⊗ x)^T u``: the ``r x c`` matrix with row ``a`` equal to ``x^T u[a-block]``.
+
+    Args:
+        u: ``D x c``, ``D = r d``.
+        x: ``d`` vector.
+
+    Returns:
+        ``r x c``.
+    """
+    big_d, c = u.shape
+    d = x.shape[0]
+    return torch.einsum("adc,d->ac", u.view(big_d // d, d, c), x)
+
+
+def trace_solve_scores(g: Tensor, h: Tensor, sigma: float) -> Tensor:
+    """Batched ``tr(h_i (I + sigma g_i)^{-1})`` for symmetric ``h_i`` and positive definite ``I + sigma g_i``.
+
+    Rows whose matrix ``I + sigma g_i`` is not numerically positive definite get NaN (the callers map
+    NaN to the worst score).
+
+    Args:
+        g: ``m x r x r`` symmetric.
+        h: ``m x r x r`` symmetric.
+        sigma: ``+1`` (adding a point) or ``-1`` (removing one).
+
+    Returns:
+        ``m`` scores.
+    """
+    m, r, _ = g.shape
+    if r == 1:
+        den = 1.0 + sigma * g[:, 0, 0]
+        out = h[:, 0, 0] / den
+        return torch.where(den > 0, out, torch.full_like(out, float("nan")))
+    if r > _ELIMINATION_MAX_R:
+        a = g * sigma
+        a.diagonal(dim1=1, dim2=2).add_(1.0)
+        chol, info = torch.linalg.cholesky_ex(a)
+        y = torch.linalg.solve_triangular(chol, h, upper=False)  # L^{-1} h
+        z = torch.linalg.solve_triangular(chol, y.transpose(1, 2), upper=False)  # L^{-1} h L^{-T}
+        out = z.diagonal(dim1=1, dim2=2).sum(-1)
+        return torch.where(info == 0, out, torch.full_like(out, float("nan")))
+    # Symmetric elimination on batch-last copies: at pivot j, A <- A - l a_j^T on the trailing block
+    # and h <- L_j^{-1} h L_j^{-T}; then tr(A^{-1} h) = sum_j h_jj / a_jj (LDL^T form).
+    a = (g * sigma).permute(1, 2, 0).contiguous()  # r x r x m
+    a.diagonal(dim1=0, dim2=1).add_(1.0)
+    hh = h.permute(1, 2, 0).contiguous()  # r x r x m
+    out = torch.zeros(m, dtype=g.dtype, device=g.device)
+    min_piv = torch.full((m,), float("inf"), dtype=g.dtype, device=g.device)
+    for j in range(r):
+        piv = a[j, j]
+        torch.minimum(min_piv, piv, out=min_piv)
+        hjj = hh[j, j]
+        out += hjj / piv
+        if j + 1 < r:
+            lvec = a[j + 1 :, j] / piv  # r' x m
+            hj = hh[j + 1 :, j]  # r' x m
+            a[j + 1 :, j + 1 :] -= lvec[:, None] * a[j, j + 1 :][None]
+            t = hj - hjj * lvec
+            hh[j + 1 :, j + 1 :] -= lvec[:, None] * hj[None] + t[:, None] * lvec[None]
+    return torch.where(min_piv > 0, out, torch.full_like(out, float("nan")))
+
+
+def logdet_scores(g: Tensor) -> Tensor:
+    """Batched ``log det(I + g_i)``; NaN where ``I + g_i`` is not numerically positive definite.
+
+    Args:
+        g: ``m x r x r`` symmetric positive semidefinite.
+
+    Returns:
+        ``m`` values.
+    """
+    r = g.shape[1]
+    if r == 1:
+        den = 1.0 + g[:, 0, 0]
+        out = torch.log(den.clamp_min(torch.finfo(g.dtype).tiny))
+        return torch.where(den > 0, out, torch.full_like(out, float("nan")))
+    a = g.clone()
+    a.diagonal(dim1=1, dim2=2).add_(1.0)
+    chol, info = torch.linalg.cholesky_ex(a)
+    out = 2.0 * chol.diagonal(dim1=1, dim2=2).log().sum(-1)
+    return torch.where(info == 0, out, torch.full_like(out, float("nan")))
