@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     sync_select_wait_seconds: float = Field(default=30.0, gt=0)
     job_timeout_seconds: int = Field(default=3600, ge=10, description="RQ job timeout")
     job_max_attempts: int = Field(default=2, ge=1, description="a job whose worker died is re-queued this often")
+    job_heartbeat_seconds: float = Field(
+        default=5.0, gt=0, description="a running job refreshes its heartbeat this often"
+    )
+    job_stale_seconds: float = Field(
+        default=120.0, gt=0, description="a running job whose heartbeat is older than this is taken for dead"
+    )
+    sweep_interval_seconds: float = Field(default=30.0, gt=0, description="how often workers look for dead jobs")
     print_bootstrap_key: bool = Field(
         default=True, description="embedded mode: mint and print an API key on first start if none exists"
     )
@@ -54,6 +61,12 @@ class Settings(BaseSettings):
         if v not in ("auto", "cpu", "cuda") and not v.startswith("cuda:"):
             raise ValueError("BAIT_DEVICE must be auto, cpu, cuda or cuda:N")
         return v
+
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> Settings:
+        if self.job_stale_seconds < 2 * self.job_heartbeat_seconds:
+            raise ValueError("BAIT_JOB_STALE_SECONDS must be at least twice BAIT_JOB_HEARTBEAT_SECONDS")
+        return self
 
     @property
     def is_sqlite(self) -> bool:

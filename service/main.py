@@ -11,8 +11,10 @@ from service.api import batches, checkpoints, health, items, labels, pools
 from service.api import select as select_api
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
+from service.domain.jobs import recover_jobs
 from service.errors import install_error_handlers
 from service.migrate import check_schema
+from service.queue import make_queue
 
 
 def create_app(settings: Settings | None = None, *, check_migrations: bool = True) -> FastAPI:
@@ -25,8 +27,17 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        engine.dispose()
+        queue = make_queue(settings)
+        queue.start()
+        app.state.queue = queue
+        if queue.mode == "inprocess":
+            # Jobs left queued or running in the database belonged to a process that is gone.
+            recover_jobs(factory, queue, settings, assume_dead=True)
+        try:
+            yield
+        finally:
+            queue.stop()
+            engine.dispose()
 
     app = FastAPI(
         title="bait-service",

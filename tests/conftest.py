@@ -12,8 +12,9 @@ worker processes commit on their own connections: a rolled-back outer transactio
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,43 @@ def client(settings: Settings, db: sessionmaker[Session]) -> Iterator[TestClient
     """The app over HTTP (lifespan run, so the job runner/queue is started and stopped)."""
     with TestClient(create_app(settings)) as c:
         yield c
+
+
+# ------------------------------------------------------------------------------------------ job queue
+
+
+RunJobs = Callable[..., None]
+
+
+@pytest.fixture
+def run_jobs(client: TestClient, settings: Settings) -> RunJobs:
+    """Run the jobs submitted so far to completion: with Redis, a real ``rq.SimpleWorker`` in burst mode
+    (in this thread; repeated until ``until()`` holds when given); otherwise wait for the in-process
+    runner to be idle (and for ``until()``)."""
+    queue = client.app.state.queue  # type: ignore[attr-defined]
+
+    def run(until: Callable[[], bool] | None = None, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        if REDIS_URL:
+            from rq import SimpleWorker
+            from rq.serializers import JSONSerializer
+
+            from worker import context
+
+            context.configure(settings)
+            while True:
+                SimpleWorker([queue.rq_queue], connection=queue.connection, serializer=JSONSerializer).work(
+                    burst=True, with_scheduler=False
+                )
+                if until is None or until():
+                    return
+                assert time.monotonic() < deadline, "jobs did not finish in time"
+                time.sleep(0.02)
+        while True:
+            assert queue.wait_idle(max(0.0, deadline - time.monotonic())), "in-process jobs did not finish in time"
+            if until is None or until():
+                return
+            assert time.monotonic() < deadline, "jobs did not finish in time"
+            time.sleep(0.02)
+
+    return run

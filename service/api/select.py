@@ -1,5 +1,132 @@
-"""Routes: select."""
+"""Routes: stateless selection (`POST /v1/select`, `GET /v1/select/{id}`).
 
-from fastapi import APIRouter
+The request is JSON (`{"strategy", "batch_size", "task", "embeddings", "probs"?, "labeled"?,
+"reserved"?, "params"?}`) or multipart with an `.npz` file field `arrays` (arrays `embeddings`, optional
+`probs`, `labeled`, `reserved`) and the other fields as form fields (`params` as a JSON string).
+Small requests answer 200 with the selection; large ones 202 with a job to poll.
+"""
 
-router = APIRouter()
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from service.config import Settings
+from service.deps import SessionDep, TenantDep
+from service.domain import select as domain
+from service.errors import ERROR_RESPONSES, BadRequest, UnsupportedMediaType
+
+router = APIRouter(prefix="/v1/select", tags=["select"])
+
+ARRAY_FIELDS = ("embeddings", "probs", "labeled", "reserved")
+
+
+class SelectOut(BaseModel):
+    id: str
+    status: str = Field(description="queued | running | succeeded | failed")
+    strategy: str
+    batch_size: int | None
+    progress: dict[str, Any]
+    indices: list[int] | None = Field(description="selected row indices, in pick order (once succeeded)")
+    objective: float | None
+    diagnostics: dict[str, Any] | None
+    error: str | None
+    error_type: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def _load_npz(data: bytes) -> dict[str, np.ndarray]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            unknown = sorted(set(npz.files) - set(ARRAY_FIELDS))
+            if unknown:
+                raise BadRequest(f"unknown array(s) {unknown} in the .npz; expected {', '.join(ARRAY_FIELDS)}")
+            return {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise BadRequest(f"arrays must be an .npz file (numpy.savez) without pickled objects: {exc}") from exc
+
+
+async def _parse(request: Request) -> domain.SelectInput:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json":
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise BadRequest(f"body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        unknown = sorted(set(body) - {"strategy", "batch_size", "task", "params", *ARRAY_FIELDS})
+        if unknown:
+            raise BadRequest(f"unknown field(s) {unknown}")
+        arrays = {k: body[k] for k in ARRAY_FIELDS if body.get(k) is not None}
+        return domain.SelectInput(
+            strategy=body.get("strategy"),
+            batch_size=body.get("batch_size"),
+            task=body.get("task", "classification"),
+            params=body.get("params") or {},
+            arrays=arrays,
+        )
+    if ctype == "multipart/form-data":
+        form = await request.form()
+        upload = form.get("arrays")
+        if upload is None or isinstance(upload, str):
+            raise BadRequest("multipart requests need a file field `arrays` (.npz)")
+        arrays_npz = _load_npz(await upload.read())
+        fields = {k: v for k, v in form.items() if k != "arrays"}
+        fields.update({k: v for k, v in request.query_params.items() if k not in fields})
+        try:
+            params = json.loads(str(fields.get("params") or "{}"))
+            size = int(str(fields["batch_size"])) if "batch_size" in fields else None
+        except ValueError as exc:
+            raise BadRequest(f"batch_size must be an integer and params a JSON object: {exc}") from exc
+        return domain.SelectInput(
+            strategy=fields.get("strategy"),
+            batch_size=size,
+            task=fields.get("task") or "classification",
+            params=params,
+            arrays=arrays_npz,
+        )
+    raise UnsupportedMediaType("send application/json or multipart/form-data with an .npz file field `arrays`")
+
+
+@router.post(
+    "",
+    response_model=SelectOut,
+    responses={**ERROR_RESPONSES, 202: {"model": SelectOut, "description": "Large request: a job to poll"}},
+)
+async def select(request: Request, response: Response, session: SessionDep, tenant: TenantDep) -> SelectOut:
+    """Select `batch_size` rows of the given arrays. Answers 200 with `indices` when
+    `n * d * max(k, 1) <= sync_select_max_cells` and the job ends within `sync_select_wait_seconds`;
+    otherwise 202 and `GET /v1/select/{id}` until `status` is `succeeded` or `failed`."""
+    settings: Settings = request.app.state.settings
+    tenant_id = tenant.id
+    await run_in_threadpool(session.rollback)  # end the key lookup's transaction before the long part
+    inp = await _parse(request)
+    factory = request.app.state.sessionmaker
+    job_id, sync = await run_in_threadpool(domain.submit, factory, request.app.state.queue, settings, tenant_id, inp)
+    response.headers["Location"] = f"/v1/select/{job_id}"
+    if sync:
+        view = await run_in_threadpool(domain.wait, factory, tenant_id, job_id, settings.sync_select_wait_seconds)
+        domain.raise_if_failed(view)
+        if view["status"] == "succeeded":
+            return SelectOut(**view)
+    else:
+        with_session = await run_in_threadpool(domain.wait, factory, tenant_id, job_id, 0.0)
+        view = with_session
+    response.status_code = status.HTTP_202_ACCEPTED
+    return SelectOut(**view)
+
+
+@router.get("/{job_id}", response_model=SelectOut, responses=ERROR_RESPONSES)
+def get_select(job_id: str, session: SessionDep, tenant: TenantDep) -> SelectOut:
+    """A selection job: status, progress, and once succeeded its `indices`, `objective`, `diagnostics`."""
+    return SelectOut(**domain.job_view(session, tenant.id, job_id))

@@ -1,0 +1,173 @@
+"""Batches: validate and create (the job is submitted once the request commits), read, list, cancel.
+
+A batch request is validated completely in the web process, before anything is written: size within
+what is available now, a strategy the pool's task supports, known parameters of the right types. The
+selection itself runs in a worker (``worker.jobs.run_batch``), which reserves the chosen items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.domain import strategies
+from service.domain.pools import get_pool
+from service.errors import BadRequest, Conflict, NotFound
+from service.queue import JobQueue, enqueue_on_commit
+from service.store import batches as store
+from service.store.models import Batch, Pool
+
+RUN_BATCH = "worker.jobs.run_batch"
+CANCELLABLE = ("queued", "running", "succeeded")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    size: Any
+    strategy: Any
+    params: Any
+
+
+def validate_request(session: Session, pool: Pool, req: BatchRequest, now: datetime) -> tuple[int, str, dict[str, Any]]:
+    """``(size, strategy, params)`` of a valid request; BadRequest with a clear message otherwise."""
+    spec, params = strategies.check_request(req.strategy, pool.task, req.params)
+    size = req.size
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise BadRequest(f"size must be an integer, got {size!r}")
+    if size <= 0:
+        raise BadRequest(f"size must be at least 1, got {size}")
+    available = store.count_available(session, pool.id, now)
+    if size > available:
+        raise BadRequest(
+            f"size {size} is more than the {available} item(s) available (unlabeled and not reserved) in the pool",
+            details={"available": available},
+        )
+    return size, spec.name, params
+
+
+def create_batch(
+    session: Session,
+    queue: JobQueue,
+    tenant_id: str,
+    pool_id: str,
+    req: BatchRequest,
+    idempotency_key: str | None = None,
+) -> tuple[Batch, bool]:
+    """Create a batch and submit its job on commit; returns ``(batch, created)``.
+
+    With an ``idempotency_key`` a repeated request returns the batch of the first one (``created`` is
+    False); the same key with a different request is a Conflict.
+    """
+    pool = get_pool(session, tenant_id, pool_id)
+    if idempotency_key is not None:
+        if not idempotency_key or len(idempotency_key) > 200:
+            raise BadRequest("Idempotency-Key must be 1 to 200 characters")
+        existing = store.find_batch_by_key(session, pool.id, idempotency_key)
+        if existing is not None:
+            return _same_request(existing, req), False
+    now = utcnow()
+    size, strategy, params = validate_request(session, pool, req, now)
+    batch = Batch(
+        pool_id=pool.id,
+        size=size,
+        strategy=strategy,
+        params=params,
+        status="queued",
+        progress_stage="queued",
+        progress_done=0,
+        progress_total=0,
+        idempotency_key=idempotency_key,
+        attempts=0,
+        created_at=now,
+    )
+    try:
+        with session.begin_nested():  # a concurrent request with the same key loses cleanly
+            session.add(batch)
+            session.flush()
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = store.find_batch_by_key(session, pool.id, idempotency_key)
+        if existing is None:
+            raise
+        return _same_request(existing, req), False
+    enqueue_on_commit(session, queue, RUN_BATCH, batch.id, batch_id=batch.id)
+    return batch, True
+
+
+def _same_request(batch: Batch, req: BatchRequest) -> Batch:
+    if (batch.size, batch.strategy, batch.params or {}) != (req.size, req.strategy, req.params or {}):
+        raise Conflict(
+            "this Idempotency-Key was used for a different batch request",
+            details={"batch_id": batch.id},
+        )
+    return batch
+
+
+def get_batch(session: Session, tenant_id: str, pool_id: str, batch_id: str) -> Batch:
+    pool = get_pool(session, tenant_id, pool_id)
+    batch = store.get_batch(session, pool.id, batch_id)
+    if batch is None:
+        raise NotFound(f"batch {batch_id!r} not found in pool {pool_id!r}")
+    return batch
+
+
+def list_batches(
+    session: Session, tenant_id: str, pool_id: str, *, status: str | None, limit: int, before: datetime | None
+) -> list[Batch]:
+    pool = get_pool(session, tenant_id, pool_id)
+    return list(store.list_batches(session, pool.id, status=status, limit=limit, before=before))
+
+
+def cancel_batch(session: Session, tenant_id: str, pool_id: str, batch_id: str) -> Batch:
+    """Cancel a queued or running batch (the job stops at its next check), or give a succeeded batch's
+    items back; either way its reservations are released. Conflict for failed/cancelled batches."""
+    pool = get_pool(session, tenant_id, pool_id)
+    batch = store.get_batch(session, pool.id, batch_id, for_update=True)
+    if batch is None:
+        raise NotFound(f"batch {batch_id!r} not found in pool {pool_id!r}")
+    if batch.status not in CANCELLABLE:
+        raise Conflict(
+            f"batch {batch_id!r} is {batch.status} and cannot be cancelled", details={"status": batch.status}
+        )
+    now = utcnow()
+    released = store.release_reservations(session, batch.id, now)
+    diagnostics = dict(batch.diagnostics or {})
+    diagnostics["cancelled"] = {"from_status": batch.status, "released_items": released}
+    batch.diagnostics = diagnostics
+    batch.status = "cancelled"
+    batch.finished_at = now
+    return batch
+
+
+def batch_view(batch: Batch) -> dict[str, Any]:
+    """The batch as the API shows it."""
+    return {
+        "id": batch.id,
+        "status": batch.status,
+        "size": batch.size,
+        "strategy": batch.strategy,
+        "params": batch.params or {},
+        "progress": {
+            "stage": batch.progress_stage,
+            "done": batch.progress_done,
+            "total": batch.progress_total,
+        },
+        "item_ids": batch.item_ids if batch.status == "succeeded" else (batch.item_ids or None),
+        "objective": batch.objective,
+        "diagnostics": batch.diagnostics or {},
+        "checkpoint_id": batch.checkpoint_id,
+        "error": batch.error,
+        "attempts": batch.attempts,
+        "created_at": batch.created_at,
+        "started_at": batch.started_at,
+        "finished_at": batch.finished_at,
+    }

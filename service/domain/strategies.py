@@ -1,0 +1,212 @@
+"""The strategy catalog the web process validates requests against, without importing the numerics.
+
+It mirrors :data:`selection.STRATEGIES` (names, tasks, keyword-only parameters with their annotations
+and defaults); ``tests/worker/test_strategy_catalog.py`` fails when the two drift apart. Besides the
+strategy's own parameters every request may carry ``seed`` (a non-negative integer), which the service
+passes to ``selection.select(seed=...)``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.errors import BadRequest
+
+CLASSIFICATION = ("classification",)
+BOTH = ("classification", "regression")
+
+# Parameters the service itself understands for every strategy.
+COMMON_PARAMS: dict[str, tuple[str, Any]] = {"seed": ("int", None)}
+
+# Strategy parameters that take per-row arrays: listed (the catalog mirrors the signatures) but not
+# settable through the service, whose clients do not know the pool's row order.
+ARRAY_PARAMS = frozenset({"fisher_weights"})
+
+
+@dataclass(frozen=True)
+class Param:
+    """A strategy parameter: its annotation as written in the strategy's signature, and its default."""
+
+    annotation: str
+    default: Any
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    tasks: tuple[str, ...]
+    summary: str
+    params: dict[str, Param] = field(default_factory=dict)
+
+
+def _spec(name: str, tasks: tuple[str, ...], summary: str, **params: tuple[str, Any]) -> StrategySpec:
+    return StrategySpec(name, tasks, summary, {k: Param(a, d) for k, (a, d) in params.items()})
+
+
+CATALOG: dict[str, StrategySpec] = {
+    s.name: s
+    for s in (
+        _spec(
+            "badge",
+            CLASSIFICATION,
+            "BADGE: k-means++ seeding on gradient embeddings (e_yhat - p) ⊗ x (uncertainty + diversity)",
+        ),
+        _spec(
+            "bait",
+            BOTH,
+            "BAIT: greedy forward-backward minimisation of tr(M^-1 F) (Fisher trace), exact and structured",
+            lam=("float", 1.0),
+            oversample=("float", 2),
+            convention=("str", "reference"),
+            approx=("str | None", None),
+            approx_dim=("int | None", None),
+            fisher_weights=("Any", None),
+            max_memory_gb=("float", 8.0),
+        ),
+        _spec(
+            "bait_nofisher",
+            BOTH,
+            "BAIT ablation with the pool Fisher replaced by the identity: minimises tr(M^-1)",
+            lam=("float", 1.0),
+            oversample=("float", 2),
+            convention=("str", "reference"),
+            approx=("str | None", None),
+            approx_dim=("int | None", None),
+            max_memory_gb=("float", 8.0),
+        ),
+        _spec("confidence", CLASSIFICATION, "Least confidence: smallest max probability"),
+        _spec(
+            "coreset",
+            BOTH,
+            "Core-set: greedy k-center on embeddings, distances to labeled, reserved and chosen rows",
+        ),
+        _spec("entropy", CLASSIFICATION, "Entropy: largest predictive entropy"),
+        _spec(
+            "logdet_fisher",
+            CLASSIFICATION,
+            "Greedy maximisation of log det(M) with the full pointwise Fisher (paper appendix, Alg. 3)",
+            lam=("float", 1.0),
+            convention=("str", "sum"),
+            approx=("str | None", None),
+            approx_dim=("int | None", None),
+            max_memory_gb=("float", 8.0),
+        ),
+        _spec(
+            "logdet_rank1",
+            CLASSIFICATION,
+            "Greedy log-det maximisation on BADGE gradient embeddings (paper appendix, rank-1 Fisher)",
+            lam=("float", 1.0),
+        ),
+        _spec("margin", CLASSIFICATION, "Margin: smallest gap between the top two probabilities"),
+        _spec("random", BOTH, "Uniform sampling without replacement"),
+    )
+}
+
+
+def names() -> list[str]:
+    return sorted(CATALOG)
+
+
+def names_for(task: str) -> list[str]:
+    return sorted(n for n, s in CATALOG.items() if task in s.tasks)
+
+
+def get(name: Any) -> StrategySpec:
+    """The strategy, or a 400 listing the valid names."""
+    if not isinstance(name, str) or name not in CATALOG:
+        raise BadRequest(
+            f"unknown strategy {name!r}; valid strategies: {', '.join(names())}",
+            details={"valid": names()},
+        )
+    return CATALOG[name]
+
+
+def _type_ok(annotation: str, value: Any) -> bool:
+    """Whether a JSON value fits an annotation like ``float``, ``int | None``, ``Literal['a', 'b']``."""
+    for part in (p.strip() for p in _split_union(annotation)):
+        if part == "None" and value is None:
+            return True
+        if part == "bool" and isinstance(value, bool):
+            return True
+        if part == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if part == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+            return math.isfinite(float(value))
+        if part == "str" and isinstance(value, str):
+            return True
+        if part.startswith("Literal[") and value in _literal_values(part):
+            return True
+        if part == "Any":
+            return True
+    return False
+
+
+def _split_union(annotation: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in annotation:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "|" and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
+
+
+def _literal_values(part: str) -> tuple[Any, ...]:
+    inner = ast.literal_eval("(" + part[len("Literal[") : -1] + ",)")
+    return tuple(inner)
+
+
+def check_request(name: Any, task: str, params: Any) -> tuple[StrategySpec, dict[str, Any]]:
+    """Validate a strategy request for a task; returns the spec and the parameters.
+
+    Raises:
+        BadRequest: unknown strategy (lists the valid ones), strategy not for ``task`` (lists those that
+            are), params not an object, unknown parameter (lists the valid ones), parameter of the wrong type.
+    """
+    spec = get(name)
+    if task not in spec.tasks:
+        raise BadRequest(
+            f"strategy {spec.name!r} supports {', '.join(spec.tasks)}, not {task}; "
+            f"strategies for {task}: {', '.join(names_for(task))}",
+            details={"valid": names_for(task)},
+        )
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        raise BadRequest(f"params must be an object, got {type(params).__name__}")
+    allowed = {**{k: p.annotation for k, p in spec.params.items()}, **{k: a for k, (a, _) in COMMON_PARAMS.items()}}
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise BadRequest(
+            f"unknown parameter(s) {', '.join(map(repr, unknown))} for strategy {spec.name!r}; "
+            f"valid parameters: {', '.join(sorted(allowed))}",
+            details={"valid": sorted(allowed)},
+        )
+    for key, value in params.items():
+        if key in ARRAY_PARAMS:
+            raise BadRequest(f"parameter {key!r} of strategy {spec.name!r} takes per-row arrays and cannot be set here")
+        annotation = allowed[key]
+        if not _type_ok(annotation, value):
+            raise BadRequest(
+                f"parameter {key!r} of strategy {spec.name!r} must be {annotation}, got {value!r}",
+                details={"param": key, "expected": annotation},
+            )
+    seed = params.get("seed")
+    if seed is not None and seed < 0:
+        raise BadRequest(f"parameter 'seed' must be >= 0, got {seed}")
+    return spec, dict(params)
+
+
+def split_seed(params: Mapping[str, Any]) -> tuple[int | None, dict[str, Any]]:
+    """``(seed, strategy params)`` from validated request params."""
+    rest = {k: v for k, v in params.items() if k not in COMMON_PARAMS}
+    seed = params.get("seed")
+    return (None if seed is None else int(seed)), rest

@@ -1,0 +1,490 @@
+"""Job functions: where the database meets the numerics.
+
+Each job takes ids (JSON), opens its own short transactions, and runs the same way under the
+in-process runner and under RQ:
+
+- :func:`run_batch`: load the pool, train a head on the labeled items, embed the pool, select, then
+  reserve the chosen items and write the result in one transaction.
+- :func:`run_select`: the stateless ``POST /v1/select`` job.
+- :func:`predict`: class probabilities (or targets) of some items from the pool's latest checkpoint.
+
+A batch job moves ``queued -> running`` with one conditional UPDATE (so a duplicate delivery is a
+no-op), refreshes a heartbeat from a side thread while it runs, and checks for cancellation at every
+progress write. Every write of a running attempt is conditioned on ``status = 'running'`` and its
+attempt number, so a worker presumed dead that wakes up again can never write over a newer attempt.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+import traceback
+import zlib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy.orm import Session, sessionmaker
+
+import selection
+from selection.errors import SelectionError
+from selection.heads import HeadConfig, load_checkpoint, save_checkpoint, train_head
+from selection.heads import predict as head_predict
+from service.db import session_scope
+from service.store import batches as store
+from service.store.models import Checkpoint, Pool
+from worker import context
+from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 0.5  # at most this often a progress write
+RESERVE_ATTEMPTS = 4  # selections tried when concurrent batches keep taking chosen items
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def configure(settings: Any) -> None:
+    """Runner start hook: importing this module loads the numerics; then point jobs at ``settings``."""
+    context.configure(settings)
+
+
+def resolve_device(setting: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is present, else ``cpu``."""
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return setting
+
+
+class Stopped(Exception):
+    """The batch is no longer this attempt's to run (cancelled, taken over, or deleted)."""
+
+
+class ReservationConflict(Exception):
+    """A concurrent batch reserved some of the chosen items first."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """Selection and data errors verbatim (they are written for users); others with their type."""
+    if isinstance(exc, SelectionError | PoolDataError):
+        return str(exc)
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Progress, heartbeat and cancellation of a running batch
+# --------------------------------------------------------------------------------------------------
+
+
+class Tracker:
+    """Throttled progress writes and a heartbeat thread for one attempt of one batch."""
+
+    def __init__(self, factory: sessionmaker[Session], batch_id: str, attempt: int, heartbeat_s: float) -> None:
+        self.factory = factory
+        self.batch_id = batch_id
+        self.attempt = attempt
+        self.heartbeat_s = heartbeat_s
+        self.stage_name = "load"
+        self._last_write = 0.0
+        self._stopped = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{batch_id}", daemon=True)
+
+    def __enter__(self) -> Tracker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.heartbeat_s):
+            try:
+                with session_scope(self.factory) as s:
+                    if not store.touch_batch(s, self.batch_id, self.attempt, utcnow()):
+                        self._stopped.set()
+                        return
+            except Exception:  # a missed heartbeat is not fatal; the next one may pass
+                log.warning("heartbeat of batch %s failed", self.batch_id, exc_info=True)
+
+    def check(self) -> None:
+        if self._stopped.is_set():
+            raise Stopped(self.batch_id)
+
+    def write(self, done: int, total: int) -> None:
+        """Write progress now; raise :class:`Stopped` if the batch was cancelled or taken over."""
+        self.check()
+        with session_scope(self.factory) as s:
+            ok = store.touch_batch(s, self.batch_id, self.attempt, utcnow(), (self.stage_name, int(done), int(total)))
+        self._last_write = time.monotonic()
+        if not ok:
+            self._stopped.set()
+            raise Stopped(self.batch_id)
+
+    def stage(self, name: str, done: int = 0, total: int = 0) -> None:
+        self.stage_name = name
+        self.write(done, total)
+
+    def callback(self, done: int, total: int) -> None:
+        """Progress callback for the numerics: throttled, and a cancellation point."""
+        self.check()
+        if time.monotonic() - self._last_write >= PROGRESS_EVERY_S or (total and done >= total):
+            self.write(done, total)
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch job
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _BatchSpec:
+    batch_id: str
+    pool_id: str
+    size: int
+    strategy: str
+    params: dict[str, Any]
+    seed: int
+    attempt: int
+    queued_for: float
+
+
+def batch_seed(batch_id: str, params: dict[str, Any]) -> int:
+    """``params.seed`` when given, else a seed derived from the batch id (stable across retries)."""
+    seed = params.get("seed")
+    return int(seed) if seed is not None else zlib.crc32(batch_id.encode()) & 0x7FFFFFFF
+
+
+def head_config(pool: Pool) -> HeadConfig:
+    """The pool's head: ``kind`` and any extra HeadConfig fields stored with it."""
+    extra = {k: v for k, v in (pool.head or {}).items() if k not in ("input_dim", "n_outputs", "task")}
+    return HeadConfig.from_dict(
+        {"input_dim": int(pool.embedding_dim), "n_outputs": int(pool.n_outputs), "task": pool.task, **extra}
+    )
+
+
+def run_batch(batch_id: str) -> None:
+    """Run one batch job (the job id is the batch id)."""
+    env = context.env()
+    settings = env.settings
+    factory = env.sessionmaker
+    with session_scope(factory) as s:
+        now = utcnow()
+        attempt = store.start_batch(s, batch_id, now)
+        batch = store.get_batch_by_id(s, batch_id)
+        if batch is None:
+            raise LookupError(f"batch {batch_id} does not exist (its pool was deleted?); nothing to run")
+        if attempt is None:
+            log.info("batch %s is %s, not queued: nothing to run", batch_id, batch.status)
+            return
+        spec = _BatchSpec(
+            batch_id=batch.id,
+            pool_id=batch.pool_id,
+            size=int(batch.size),
+            strategy=batch.strategy,
+            params=dict(batch.params or {}),
+            seed=batch_seed(batch.id, dict(batch.params or {})),
+            attempt=attempt,
+            queued_for=(now - batch.created_at).total_seconds(),
+        )
+    log.info("batch %s: attempt %d, %s of %d", batch_id, attempt, spec.strategy, spec.size)
+    try:
+        with Tracker(factory, batch_id, attempt, settings.job_heartbeat_seconds) as tracker:
+            _run_batch(spec, factory, tracker, resolve_device(settings.device), settings.reservation_ttl_seconds)
+    except Stopped:
+        log.info("batch %s: stopped (cancelled or taken over); nothing written", batch_id)
+    except Exception as exc:
+        log.error("batch %s failed:\n%s", batch_id, traceback.format_exc())
+        _fail_batch(factory, batch_id, attempt, describe_error(exc))
+
+
+def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, message: str) -> None:
+    with session_scope(factory) as s:
+        batch = store.get_batch_by_id(s, batch_id, for_update=True)
+        if batch is None or batch.status != "running" or batch.attempts != attempt:
+            return
+        now = utcnow()
+        batch.status = "failed"
+        batch.error = message
+        batch.finished_at = now
+        store.release_reservations(s, batch_id, now)
+
+
+def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker, device: str, ttl_s: int) -> None:
+    timings: dict[str, float] = {"queued": spec.queued_for}
+    t0 = time.perf_counter()
+
+    # load
+    with session_scope(factory) as s:
+        pool = s.get(Pool, spec.pool_id)
+        if pool is None:
+            raise Stopped(spec.batch_id)
+        config = head_config(pool)
+        task = pool.task
+        data = load_pool(s, pool, utcnow(), progress=tracker.callback)
+    tracker.write(data.n, data.n)
+    timings["load"] = time.perf_counter() - t0
+
+    # train: from scratch on the labeled rows, seeded per batch
+    t = time.perf_counter()
+    tracker.stage("train", 0, config.max_epochs)
+    trained = train_head(config, data.X[data.labeled], data.y, device=device, seed=spec.seed, progress=tracker.callback)
+    timings["train"] = time.perf_counter() - t
+
+    # embed: penultimate features (BAIT's embedding) and probabilities of every row
+    t = time.perf_counter()
+    tracker.stage("embed", 0, data.n)
+    out = head_predict(trained, data.X)
+    features = out.features
+    probs = out.probs if task == "classification" else None
+    tracker.write(data.n, data.n)
+    timings["embed"] = time.perf_counter() - t
+
+    # select, then reserve; re-select when a concurrent batch took some of the chosen items
+    labeled, reserved = data.labeled, data.reserved
+    params = {k: v for k, v in spec.params.items() if k != "seed"}
+    timings["select"] = 0.0
+    timings["store"] = 0.0
+    for retry in range(RESERVE_ATTEMPTS):
+        t = time.perf_counter()
+        tracker.stage("select", 0, spec.size)
+        result = selection.select(
+            spec.strategy,
+            embeddings=features,
+            probs=probs,
+            labeled=labeled,
+            reserved=reserved,
+            batch_size=spec.size,
+            task=task,
+            seed=spec.seed,
+            device=device,
+            progress=tracker.callback,
+            **params,
+        )
+        timings["select"] += time.perf_counter() - t
+        t = time.perf_counter()
+        tracker.stage("store", 0, spec.size)
+        try:
+            _store_batch(spec, factory, data, trained, result, timings, retry, ttl_s, (t0, t))
+            return
+        except ReservationConflict:
+            timings["store"] += time.perf_counter() - t
+            log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
+            with session_scope(factory) as s:
+                labeled_now, reserved_now = current_design(s, spec.pool_id, data.item_ids, utcnow())
+            # New labels since training are not trained on; they count as in the design (reserved).
+            reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), labeled)
+    raise RuntimeError(
+        f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
+        "concurrent batches kept taking the chosen items"
+    )
+
+
+def _store_batch(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    data: PoolArrays,
+    trained: Any,
+    result: Any,
+    timings: dict[str, float],
+    retry: int,
+    ttl_s: int,
+    started: tuple[float, float],
+) -> None:
+    """Reserve the chosen items and write checkpoint + result in one transaction (all or nothing)."""
+    rows = np.asarray(result.indices, dtype=np.int64)
+    chosen_ids = data.item_ids[rows]
+    weights = save_checkpoint(trained)
+    with session_scope(factory) as s:
+        store.lock_pool(s, spec.pool_id)  # one reservation at a time per pool: fewer conflicts
+        batch = store.get_batch_by_id(s, spec.batch_id, for_update=True)
+        if batch is None or batch.status != "running" or batch.attempts != spec.attempt:
+            raise Stopped(spec.batch_id)
+        now = utcnow()
+        n = store.reserve_items(
+            s, spec.pool_id, spec.batch_id, chosen_ids.tolist(), now, now + timedelta(seconds=ttl_s)
+        )
+        if n != len(chosen_ids):
+            raise ReservationConflict()  # rolls the partial reservation back
+        checkpoint = Checkpoint(
+            pool_id=spec.pool_id,
+            batch_id=spec.batch_id,
+            round=store.count_checkpoints(s, spec.pool_id) + 1,
+            n_labels=int(data.labeled.shape[0]),
+            config=trained.config.to_dict(),
+            metrics=dict(trained.metrics),
+            weights=weights,
+            created_at=now,
+        )
+        s.add(checkpoint)
+        s.flush()
+        end = time.perf_counter()
+        timings["store"] += end - started[1]  # without the commit itself
+        timings["total"] = end - started[0]
+        batch.item_ids = [data.external_ids[int(r)] for r in rows]
+        batch.objective = result.objective
+        batch.diagnostics = _jsonable(
+            {
+                "timings": timings,
+                "selection": result.diagnostics,
+                "head": dict(trained.metrics),
+                "n_pool": data.n,
+                "n_labeled": int(data.labeled.shape[0]),
+                "n_reserved_by_others": int(data.reserved.shape[0]),
+                "reselections": retry,
+                "attempt": spec.attempt,
+                "seed": spec.seed,
+            }
+        )
+        batch.checkpoint_id = checkpoint.id
+        batch.status = "succeeded"
+        batch.progress_stage = "done"
+        batch.progress_done = len(rows)
+        batch.progress_total = len(rows)
+        batch.finished_at = now
+        batch.heartbeat_at = now
+
+
+def _jsonable(value: Any) -> Any:
+    """Diagnostics as JSON primitives (numpy scalars, tuples and non-finite floats converted)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stateless select job
+# --------------------------------------------------------------------------------------------------
+
+
+def run_select(job_id: str) -> None:
+    """Run a ``POST /v1/select`` job: arrays from the job row, indices back into it."""
+    env = context.env()
+    factory = env.sessionmaker
+    with session_scope(factory) as s:
+        attempt = store.start_select_job(s, job_id, utcnow())
+        job = store.get_select_job(s, None, job_id)
+        if job is None:
+            raise LookupError(f"select job {job_id} does not exist; nothing to run")
+        if attempt is None:
+            log.info("select job %s is %s, not queued: nothing to run", job_id, job.status)
+            return
+        request = dict(job.request)
+        blob = job.arrays or b""
+        strategy = job.strategy
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.monotonic() - last[0] >= PROGRESS_EVERY_S:
+            last[0] = time.monotonic()
+            with session_scope(factory) as s:
+                store.select_job_progress(s, job_id, attempt, done, total)
+
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        params = dict(request.get("params") or {})
+        seed = params.pop("seed", 0)
+        result = selection.select(
+            strategy,
+            embeddings=arrays["embeddings"],
+            probs=arrays.get("probs"),
+            labeled=arrays.get("labeled"),
+            reserved=arrays.get("reserved"),
+            batch_size=int(request["batch_size"]),
+            task=request.get("task", "classification"),
+            seed=int(seed or 0),
+            device=resolve_device(env.settings.device),
+            progress=progress,
+            **params,
+        )
+        outcome: dict[str, Any] = {
+            "status": "succeeded",
+            "result": _jsonable(
+                {"indices": result.indices.tolist(), "objective": result.objective, "diagnostics": result.diagnostics}
+            ),
+            "error": None,
+        }
+    except Exception as exc:
+        if not isinstance(exc, SelectionError):
+            log.error("select job %s failed:\n%s", job_id, traceback.format_exc())
+        outcome = {"status": "failed", "result": {"error_type": type(exc).__name__}, "error": describe_error(exc)}
+    with session_scope(factory) as s:
+        job = store.get_select_job(s, None, job_id, for_update=True)
+        if job is None or job.status != "running" or job.attempts != attempt:
+            return
+        job.status = outcome["status"]
+        job.result = outcome["result"]
+        job.error = outcome["error"]
+        job.finished_at = utcnow()
+        job.arrays = None  # the inputs are not kept once answered
+        if outcome["status"] == "succeeded":
+            job.progress_done = job.progress_total = int(request["batch_size"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Predictions
+# --------------------------------------------------------------------------------------------------
+
+
+def predict(pool_id: str, item_ids: list[str]) -> dict[str, Any]:
+    """Predictions of the pool's latest checkpoint for ``item_ids`` (external ids, in order).
+
+    Returns:
+        ``{"checkpoint_id", "round", "predictions": [{"item_id", "probs": {class: p}, "label"}]}``
+        (classification) or ``[{"item_id", "target": [m floats]}]`` (regression).
+    """
+    env = context.env()
+    with session_scope(env.sessionmaker) as s:
+        pool = s.get(Pool, pool_id)
+        if pool is None:
+            raise LookupError(f"pool {pool_id} does not exist")
+        checkpoint = store.latest_checkpoint(s, pool_id)
+        if checkpoint is None:
+            raise LookupError("the pool has no checkpoint yet: request a batch first")
+        found = store.items_by_external_id(s, pool_id, item_ids)
+        blob = checkpoint.weights
+        meta = {"checkpoint_id": checkpoint.id, "round": checkpoint.round}
+        classes = list(pool.classes or [])
+        task = pool.task
+        d = int(pool.embedding_dim)
+    missing = [i for i in item_ids if i not in found or found[i][1] is None]
+    if missing:
+        raise LookupError(f"{len(missing)} item(s) not found or without embedding: {missing[:10]}")
+    X = np.frombuffer(b"".join(found[i][1] or b"" for i in item_ids), dtype="<f4").reshape(len(item_ids), d)
+    trained = load_checkpoint(blob, device=resolve_device(env.settings.device))
+    out = head_predict(trained, X)
+    predictions: list[dict[str, Any]] = []
+    if task == "classification":
+        assert out.probs is not None
+        P = out.probs.double().cpu().numpy()
+        for ext, p in zip(item_ids, P, strict=True):
+            predictions.append(
+                {
+                    "item_id": ext,
+                    "probs": {c: float(v) for c, v in zip(classes, p, strict=True)},
+                    "label": classes[int(p.argmax())],
+                }
+            )
+    else:
+        assert out.outputs is not None
+        T = out.outputs.double().cpu().numpy()
+        predictions = [{"item_id": ext, "target": [float(v) for v in t]} for ext, t in zip(item_ids, T, strict=True)]
+    return {**meta, "predictions": predictions}
