@@ -7,7 +7,7 @@
 :data:`STRATEGIES` lists every registered strategy with its tasks and parameters.
 """
 
-from selection import baselines, logdet  # noqa: F401  (register the strategies)
+from selection import bait, baselines, logdet  # noqa: F401  (importing registers the strategies)
 from selection.api import STRATEGIES, SelectionResult, StrategyInfo, select
 from selection.errors import (
     InputDataError,
@@ -19,12 +19,6 @@ from selection.errors import (
     UnknownStrategyError,
 )
 from selection.problem import Problem, StrategyOutput, register
-
-try:  # selection/bait.py is being written concurrently; import it plainly once it exists.
-    import selection.bait  # noqa: F401
-except ModuleNotFoundError as exc:  # pragma: no cover
-    if exc.name != "selection.bait":
-        raise
 
 __all__ = [
     "STRATEGIES",
