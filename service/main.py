@@ -13,6 +13,8 @@ from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
 from service.domain.jobs import recover_jobs
 from service.errors import install_error_handlers
+from service.metrics import Metrics, MetricsMiddleware
+from service.middleware import BodySizeLimitMiddleware
 from service.migrate import check_schema
 from service.queue import make_queue
 
@@ -51,4 +53,10 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     install_error_handlers(app)
     for module in (health, pools, items, labels, batches, checkpoints, select_api):
         app.include_router(module.router)
+    # Outermost last: metrics see every response, including the body limit's 413s.
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_json_bytes=settings.max_json_bytes, max_upload_bytes=settings.max_upload_bytes
+    )
+    app.state.metrics = Metrics(factory)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
