@@ -59,7 +59,7 @@ APPROXIMATIONS = (None, "pca")
 _TIE_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 _GB = 1e9
 # Per-chunk temporaries of the greedy step are kept near this size so a chunk stays in cache.
-_STEP_CHUNK_BYTES = 8 * 2**20
+_STEP_CHUNK_BYTES = 4 * 2**20
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,9 +362,11 @@ class _Bait:
             if fmat is not None:
                 q = p @ fmat @ p
             method = "cholesky"
-        p = 0.5 * (p + p.T)
+        # Symmetrise and make row-major: LAPACK results are column-major, and the block matvecs
+        # below need contiguous rows (a strided P made them 20x slower).
+        p = (0.5 * (p + p.T)).contiguous()
         if q is not None:
-            q = 0.5 * (q + q.T)
+            q = (0.5 * (q + q.T)).contiguous()
 
         value = logdet0 if self.mode == "logdet" else float((p * fmat).sum())  # type: ignore[operator]
         del fmat
@@ -471,14 +473,11 @@ class _Bait:
         c = 1 if h is None else 2
         wz = torch.bmm(e.transpose(1, 2), t.view(m, r, c * r))  # m x r x c r: [W | Z]
         w = wz[:, :, :r]
-        if h is None:
-            g.sub_(torch.bmm(w, w.transpose(1, 2)), alpha=sigma)
-            return
-        z = wz[:, :, r:]
-        both = torch.bmm(w, torch.cat([w.transpose(1, 2), z.transpose(1, 2)], dim=2))  # [W W^T | W Z^T]
-        g.sub_(both[:, :, :r], alpha=sigma)
-        wzt = both[:, :, r:]
-        h.sub_(wzt + wzt.transpose(1, 2), alpha=sigma)
+        g.baddbmm_(w, w.transpose(1, 2), alpha=-sigma)
+        if h is not None:
+            y = torch.bmm(w, wz[:, :, r:].transpose(1, 2))  # m x r x r: W Z^T
+            h.sub_(y, alpha=sigma)
+            h.sub_(y.transpose(1, 2), alpha=sigma)
 
     def _scores(self, g: Tensor, h: Tensor | None, sigma: float) -> Tensor:
         if h is None:

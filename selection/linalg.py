@@ -174,24 +174,29 @@ def trace_solve_scores(g: Tensor, h: Tensor, sigma: float) -> Tensor:
         z = torch.linalg.solve_triangular(chol, y.transpose(1, 2), upper=False)  # L^{-1} h L^{-T}
         out = z.diagonal(dim1=1, dim2=2).sum(-1)
         return torch.where(info == 0, out, torch.full_like(out, float("nan")))
-    # Symmetric elimination on batch-last copies: at pivot j, A <- A - l a_j^T on the trailing block
-    # and h <- L_j^{-1} h L_j^{-T}; then tr(A^{-1} h) = sum_j h_jj / a_jj (LDL^T form).
+    # Symmetric elimination (LDL^T) on batch-last copies, so every op is a contiguous vector op over
+    # the chunk: at pivot j, A <- A - l a_j^T and h <- h - l h_j^T - h_j l^T + h_jj l l^T on the
+    # trailing block (l = a_j / a_jj), and tr(A^{-1} h) = sum_j h_jj / a_jj.
     a = (g * sigma).permute(1, 2, 0).contiguous()  # r x r x m
     a.diagonal(dim1=0, dim2=1).add_(1.0)
     hh = h.permute(1, 2, 0).contiguous()  # r x r x m
     out = torch.zeros(m, dtype=g.dtype, device=g.device)
-    min_piv = torch.full((m,), float("inf"), dtype=g.dtype, device=g.device)
+    min_piv = a[0, 0].clone()
     for j in range(r):
         piv = a[j, j]
         torch.minimum(min_piv, piv, out=min_piv)
+        inv = 1.0 / piv
         hjj = hh[j, j]
-        out += hjj / piv
+        out.addcmul_(hjj, inv)
         if j + 1 < r:
-            lvec = a[j + 1 :, j] / piv  # r' x m
+            col = a[j + 1 :, j]  # r' x m; equals row j by symmetry
+            lvec = col * inv
+            a[j + 1 :, j + 1 :].addcmul_(lvec[:, None], col[None], value=-1.0)
             hj = hh[j + 1 :, j]  # r' x m
-            a[j + 1 :, j + 1 :] -= lvec[:, None] * a[j, j + 1 :][None]
-            t = hj - hjj * lvec
-            hh[j + 1 :, j + 1 :] -= lvec[:, None] * hj[None] + t[:, None] * lvec[None]
+            t = torch.addcmul(hj, lvec, hjj, value=-1.0)
+            sub = hh[j + 1 :, j + 1 :]
+            sub.addcmul_(lvec[:, None], hj[None], value=-1.0)
+            sub.addcmul_(t[:, None], lvec[None], value=-1.0)
     return torch.where(min_piv > 0, out, torch.full_like(out, float("nan")))
 
 
