@@ -148,10 +148,12 @@ RunJobs = Callable[..., None]
 def run_jobs(client: TestClient, settings: Settings) -> RunJobs:
     """Run the jobs submitted so far to completion: with Redis, a real ``rq.SimpleWorker`` in burst mode
     (in this thread; repeated until ``until()`` holds when given); otherwise wait for the in-process
-    runner to be idle (and for ``until()``)."""
-    queue = client.app.state.queue  # type: ignore[attr-defined]
+    runner to be idle (and for ``until()``). ``app_client``: another app than ``client``."""
 
-    def run(until: Callable[[], bool] | None = None, timeout: float = 120.0) -> None:
+    def run(
+        until: Callable[[], bool] | None = None, timeout: float = 120.0, app_client: TestClient | None = None
+    ) -> None:
+        queue = (app_client or client).app.state.queue  # type: ignore[attr-defined]
         deadline = time.monotonic() + timeout
         if REDIS_URL:
             from rq import SimpleWorker

@@ -468,7 +468,7 @@ def predict(pool_id: str, item_ids: list[str]) -> dict[str, Any]:
     missing = [i for i in item_ids if i not in found or found[i][1] is None]
     if missing:
         raise LookupError(f"{len(missing)} item(s) not found or without embedding: {missing[:10]}")
-    X = np.frombuffer(b"".join(found[i][1] or b"" for i in item_ids), dtype="<f4").reshape(len(item_ids), d)
+    X = np.frombuffer(bytearray(b"".join(found[i][1] or b"" for i in item_ids)), dtype="<f4").reshape(len(item_ids), d)
     trained = load_checkpoint(blob, device=resolve_device(env.settings.device))
     out = head_predict(trained, X)
     predictions: list[dict[str, Any]] = []

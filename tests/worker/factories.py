@@ -35,8 +35,15 @@ def blobs(n: int, d: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 
 
 def tenant_id(factory: sessionmaker[Session], name: str = "acme") -> str:
+    """The tenant's id (created when no key made it yet)."""
     with session_scope(factory) as s:
-        return str(s.execute(select(Tenant.id).where(Tenant.name == name)).scalar_one())
+        found = s.execute(select(Tenant.id).where(Tenant.name == name)).scalar_one_or_none()
+        if found is not None:
+            return str(found)
+        tenant = Tenant(name=name, created_at=datetime.now(UTC))
+        s.add(tenant)
+        s.flush()
+        return tenant.id
 
 
 def make_pool(

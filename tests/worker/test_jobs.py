@@ -1,0 +1,149 @@
+"""The batch job and the recovery of jobs whose worker died (re-queue while attempts are left, else
+fail and release), on the configured backends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.db import session_scope
+from service.domain.jobs import recover_jobs
+from service.main import create_app
+from service.store.models import Batch, Item
+from tests.conftest import REDIS_URL
+from tests.worker.factories import item_states, make_pool
+
+
+def dead_batch(
+    db: sessionmaker[Session], pool_id: str, *, attempts: int, beat_age_s: float, status: str = "running", size: int = 5
+) -> str:
+    """A batch as a worker that died mid-job leaves it (nothing submitted to any queue)."""
+    now = datetime.now(UTC)
+    with session_scope(db) as s:
+        batch = Batch(
+            pool_id=pool_id, size=size, strategy="random", params={}, status=status, progress_stage="train",
+            attempts=attempts, created_at=now - timedelta(seconds=beat_age_s + 5),
+            started_at=now - timedelta(seconds=beat_age_s + 1), heartbeat_at=now - timedelta(seconds=beat_age_s),
+        )  # fmt: skip
+        s.add(batch)
+        s.flush()
+        return batch.id
+
+
+def batch_row(db: sessionmaker[Session], batch_id: str) -> Batch:
+    with session_scope(db) as s:
+        batch = s.get(Batch, batch_id)
+        assert batch is not None
+        return batch
+
+
+@pytest.fixture
+def quick(settings: Settings) -> Settings:
+    return settings.model_copy(update={"job_heartbeat_seconds": 0.2, "job_stale_seconds": 1.0})
+
+
+def test_stale_running_batch_is_requeued_and_then_succeeds(
+    client: TestClient, db: sessionmaker[Session], quick: Settings, run_jobs: Any
+) -> None:
+    pool = make_pool(db, n=40, n_labeled=5)
+    batch_id = dead_batch(db, pool.pool_id, attempts=1, beat_age_s=30)
+    report = recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
+    assert report.requeued == [batch_id] and report.failed == []
+    assert batch_row(db, batch_id).status == "queued"
+    run_jobs()
+    batch = batch_row(db, batch_id)
+    assert batch.status == "succeeded" and batch.attempts == 2 and batch.error is None
+    assert batch.item_ids is not None and len(batch.item_ids) == 5
+
+
+def test_stale_batch_out_of_attempts_fails_and_releases_reservations(
+    client: TestClient, db: sessionmaker[Session], quick: Settings
+) -> None:
+    pool = make_pool(db, n=40, n_labeled=5)
+    batch_id = dead_batch(db, pool.pool_id, attempts=quick.job_max_attempts, beat_age_s=30)
+    with session_scope(db) as s:  # items it held (as a crash between reserve and commit could never leave)
+        for item in s.execute(select(Item).where(Item.external_id.in_(pool.external_ids[5:8]))).scalars():
+            item.status, item.batch_id = "reserved", batch_id
+            item.reserved_until = datetime.now(UTC) + timedelta(hours=1)
+    report = recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
+    assert report.failed == [batch_id]
+    batch = batch_row(db, batch_id)
+    assert batch.status == "failed" and batch.finished_at is not None
+    assert (
+        batch.error is not None and "stopped responding" in batch.error and "gave up after 2 attempt(s)" in batch.error
+    )
+    assert not [i for i, (_, b) in item_states(db, pool.pool_id).items() if b == batch_id]
+
+
+def test_batch_with_fresh_heartbeat_is_left_running(
+    client: TestClient, db: sessionmaker[Session], quick: Settings
+) -> None:
+    pool = make_pool(db, n=20, n_labeled=5)
+    batch_id = dead_batch(db, pool.pool_id, attempts=1, beat_age_s=0.0)
+    report = recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
+    assert batch_id not in report.requeued + report.failed
+    assert batch_row(db, batch_id).status == "running"
+
+
+@pytest.fixture
+def restarted(settings: Settings, db: sessionmaker[Session]) -> Iterator[Any]:
+    """Start the processes that recover jobs on start: with Redis a burst `bait worker`, else the app."""
+
+    def start() -> None:
+        if REDIS_URL:
+            from worker.rq_worker import run
+
+            assert run(settings, burst=True) == 0
+        else:
+            with TestClient(create_app(settings)) as c:
+                assert c.app.state.queue.wait_idle(60)  # type: ignore[attr-defined]
+
+    yield start
+
+
+def test_restart_requeues_jobs_left_by_a_dead_process(
+    db: sessionmaker[Session], api_key: str, restarted: Any, settings: Settings
+) -> None:
+    pool = make_pool(db, n=40, n_labeled=5)
+    # in-process mode: whatever was queued or running belonged to the dead process; under RQ the
+    # worker's start-up sweep re-queues the running batch whose heartbeat is stale
+    stale = settings.job_stale_seconds + 5
+    running = dead_batch(db, pool.pool_id, attempts=1, beat_age_s=stale)
+    queued = dead_batch(db, pool.pool_id, attempts=0, beat_age_s=stale, status="queued")
+    restarted()
+    for batch_id, attempts in ((running, 2), (queued, 1)):
+        batch = batch_row(db, batch_id)
+        assert batch.status == "succeeded", batch.error
+        assert batch.attempts == attempts
+    a, b = batch_row(db, running).item_ids, batch_row(db, queued).item_ids
+    assert a and b and not set(a) & set(b)
+
+
+def test_duplicate_delivery_runs_the_batch_once(
+    client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
+) -> None:
+    from worker import jobs
+
+    pool = make_pool(db, n=30, n_labeled=5)
+    created = client.post(f"/v1/pools/{pool.pool_id}/batches", json={"size": 4, "strategy": "random"}, headers=auth)
+    run_jobs()
+    first = batch_row(db, created.json()["id"])
+    jobs.run_batch(first.id)  # a second delivery of the same job
+    again = batch_row(db, first.id)
+    assert (again.status, again.attempts, again.item_ids, again.checkpoint_id) == (
+        "succeeded", 1, first.item_ids, first.checkpoint_id,
+    )  # fmt: skip
+
+
+def test_job_of_a_missing_batch_fails_clearly(client: TestClient) -> None:
+    from worker import jobs
+
+    with pytest.raises(LookupError, match="batch nope does not exist"):
+        jobs.run_batch("nope")
