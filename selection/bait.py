@@ -642,6 +642,9 @@ def _run(
     diag["timings"] = {"setup": t_setup - t_start, "forward": t_fwd - t_setup, "backward": t_bwd - t_fwd}
     diag["steps"] = {"forward": n_forward, "backward": n_backward}
     diag["p0_method"] = state.info.get("p0")
+    if backward:
+        fwd_rows = problem.candidates[torch.tensor(picks, dtype=torch.long, device=problem.device)]
+        diag["forward_indices"] = fwd_rows.cpu().tolist()
 
     objective: float | None
     if mode == "logdet":

@@ -147,6 +147,8 @@ def assert_matches_naive(case: Case, strategy: str = "bait", *, fisher_weights: 
     )
     assert out.indices.dtype == np.int64
     assert out.indices.tolist() == ref.indices, case
+    if mode != "logdet":
+        assert out.diagnostics["forward_indices"] == ref.forward, case
     value = out.diagnostics["logdet"] if mode == "logdet" else out.objective
     assert value == pytest.approx(ref.objective, rel=1e-8, abs=1e-12), case
 

@@ -1,0 +1,453 @@
+"""Selection speed benchmark: structured BAIT against a direct Woodbury implementation.
+
+Prints the machine, torch threads and device, then one table row per benchmark row:
+
+    python bench/selection_speed.py                 # every default row (slow: tens of minutes)
+    python bench/selection_speed.py --smoke         # tiny sizes, seconds
+    python bench/selection_speed.py --rows n10k,n100k --naive-limit 3
+    python bench/selection_speed.py --device cuda --rows n100k
+
+Every row runs in a fresh subprocess, so its peak memory (``VmHWM`` of /proc/self/status: the whole
+process, Python, torch and the generated data included) is its own. Rows flagged ``naive`` also run
+:func:`naive_forward`, a direct implementation of the paper's Woodbury score per candidate with
+explicit ``kd x k`` factors and no structure (as in the authors' code), on the same data in the same
+run. With ``--naive-limit N`` only its first ``N`` greedy steps are timed and its total is
+extrapolated (setup + per-step time x steps; stated in the ``note`` column); its picks are compared
+with the structured picks on those steps.
+
+Adding a row: append a :class:`Row` to :data:`ROWS` (any strategy of ``selection.STRATEGIES``; the
+row is run through :func:`selection.select`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Row:
+    """One benchmark row.
+
+    Attributes:
+        name: key used by ``--rows``.
+        strategy: strategy name for :func:`selection.select`.
+        n, d: pool size and embedding dimension.
+        k: classes (``0`` = regression).
+        batch: batch size ``B``.
+        dtype: ``"float32"`` or ``"float64"``.
+        params: strategy parameters.
+        n_labeled: labeled rows (random, seeded).
+        naive: also run the direct Woodbury implementation and compare.
+        exact_gap: also run exact BAIT (``approx=None``) and report the objective gap.
+        run_batch: run with this ``B`` instead and extrapolate the time to ``batch`` (rows too slow
+            to run in full on a shared CPU); stated in the output.
+        smoke: part of ``--smoke``.
+        default: part of the default set.
+    """
+
+    name: str
+    strategy: str
+    n: int
+    d: int
+    k: int
+    batch: int
+    dtype: str = "float32"
+    params: dict[str, Any] = field(default_factory=dict)
+    n_labeled: int = 100
+    naive: bool = False
+    exact_gap: bool = False
+    run_batch: int | None = None
+    smoke: bool = False
+    default: bool = True
+
+
+ROWS: list[Row] = [
+    Row("n10k", "bait", 10_000, 128, 10, 100, dtype="float64", naive=True),
+    Row("n100k", "bait", 100_000, 128, 10, 100),
+    Row("n100k-d768", "bait", 100_000, 768, 10, 100),
+    Row("k100-gap", "bait", 2_000, 64, 100, 20, params={"approx": "pca", "approx_dim": 8}, exact_gap=True),
+    Row("k100-gap-d16", "bait", 2_000, 64, 100, 20, params={"approx": "pca", "approx_dim": 16}, exact_gap=True),
+    Row("k100-approx", "bait", 20_000, 512, 100, 100, params={"approx": "pca", "approx_dim": 64}, run_batch=3),
+    Row("regression-1m", "bait", 1_000_000, 128, 0, 100),
+    Row("k10-gap", "bait", 10_000, 128, 10, 100, params={"approx": "pca", "approx_dim": 32}, exact_gap=True),
+    # --smoke
+    Row("smoke-naive", "bait", 800, 12, 5, 10, dtype="float64", naive=True, n_labeled=20, smoke=True, default=False),
+    Row("smoke-f32", "bait", 3_000, 16, 10, 10, n_labeled=20, smoke=True, default=False),
+    Row("smoke-regression", "bait", 20_000, 16, 0, 10, smoke=True, default=False),
+    Row(
+        "smoke-approx",
+        "bait",
+        500,
+        16,
+        8,
+        5,
+        params={"approx": "pca", "approx_dim": 8},
+        exact_gap=True,
+        n_labeled=10,
+        smoke=True,
+        default=False,
+    ),
+    Row(
+        "smoke-extrapolated",
+        "bait",
+        600,
+        8,
+        20,
+        10,
+        run_batch=2,
+        n_labeled=10,
+        smoke=True,
+        default=False,
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+
+
+def make_data(row: Row, seed: int, device: str) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray]:
+    """Synthetic pool: embeddings with a decaying spectrum, softmax of a random linear model."""
+    gen = torch.Generator().manual_seed(seed)
+    dt = torch.float64 if row.dtype == "float64" else torch.float32
+    scale = (0.97 ** torch.arange(row.d, dtype=torch.float64)).to(dt)
+    x = torch.randn(row.n, row.d, generator=gen, dtype=dt) * scale
+    probs = None
+    if row.k > 0:
+        w = torch.randn(row.d, row.k, generator=gen, dtype=dt) * (3.0 / math.sqrt(row.d))
+        probs = torch.softmax(x @ w, dim=1)
+    labeled = np.sort(np.random.default_rng(seed).choice(row.n, size=row.n_labeled, replace=False))
+    return x.to(device), None if probs is None else probs.to(device), labeled
+
+
+# --------------------------------------------------------------------------------------------------
+# The direct (unstructured) implementation
+# --------------------------------------------------------------------------------------------------
+
+
+def naive_forward(
+    x: torch.Tensor,
+    probs: torch.Tensor | None,
+    labeled: np.ndarray,
+    batch: int,
+    *,
+    lam: float,
+    steps: int,
+    chunk: int = 256,
+) -> dict[str, Any]:
+    """Direct Woodbury BAIT forward pass in the full ``kd`` space, ``reference`` convention, float64.
+
+    Per step: ``P = M^{-1}`` (explicit inverse), ``Q = P F P``, and for every candidate the explicit
+    ``kd x k`` factor ``V_x``, ``g = V^T P V``, ``h = V^T Q V``, score ``tr(h (I+g)^{-1})``:
+    ``4 n k (kd)^2`` flops per step, the cost of the authors' implementation without its
+    left-to-right ``xt @ P @ F @ P @ xt^T`` ordering.
+
+    Returns:
+        ``{"setup": s, "step_times": [s...], "picks": [row...]}``.
+    """
+    f64 = torch.float64
+    n, d = x.shape
+    dev = x.device
+
+    def factors(rows: torch.Tensor) -> torch.Tensor:  # m x D x k
+        xr = x[rows].to(f64)
+        if probs is None:
+            return xr[:, :, None]
+        p = probs[rows].to(f64)
+        k = p.shape[1]
+        coef = (torch.eye(k, dtype=f64, device=dev)[None] - p[:, None, :]) * p.sqrt()[:, :, None]  # m x c x k
+        # V[:, c*d + j, col] = coef[:, col, c] x_j
+        return (coef.transpose(1, 2)[:, :, None, :] * xr[:, None, :, None]).reshape(len(rows), -1, k)
+
+    t0 = time.perf_counter()
+    all_rows = torch.arange(n, device=dev)
+    big_d = d * (1 if probs is None else probs.shape[1])
+    fmat = torch.zeros(big_d, big_d, dtype=f64, device=dev)
+    for lo in range(0, n, chunk):
+        v = factors(all_rows[lo : lo + chunk])
+        fmat += torch.einsum("mak,mbk->ab", v, v)
+    fmat /= n
+    design = torch.as_tensor(labeled, device=dev)
+    w_l, w_s = 1.0 / (len(labeled) + batch), batch / (len(labeled) + batch)
+    v_l = factors(design)
+    mmat = lam * torch.eye(big_d, dtype=f64, device=dev) + w_l * torch.einsum("mak,mbk->ab", v_l, v_l)
+    mask = torch.ones(n, dtype=torch.bool, device=dev)
+    mask[design] = False
+    cands = all_rows[mask]
+    setup = time.perf_counter() - t0
+    picks: list[int] = []
+    step_times: list[float] = []
+    chosen = torch.zeros(len(cands), dtype=torch.bool, device=dev)
+    for _ in range(steps):
+        ts = time.perf_counter()
+        p = torch.linalg.inv(mmat)
+        q = p @ fmat @ p
+        scores = torch.empty(len(cands), dtype=f64, device=dev)
+        for lo in range(0, len(cands), chunk):
+            v = factors(cands[lo : lo + chunk]) * math.sqrt(w_s)
+            pv = torch.einsum("ab,mbk->mak", p, v)
+            qv = torch.einsum("ab,mbk->mak", q, v)
+            g = v.transpose(1, 2) @ pv
+            h = v.transpose(1, 2) @ qv
+            eye = torch.eye(g.shape[1], dtype=f64, device=dev)
+            scores[lo : lo + chunk] = torch.linalg.solve(eye + g, h).diagonal(dim1=1, dim2=2).sum(-1)
+        scores[chosen] = float("-inf")
+        j = int(torch.argmax(scores))
+        chosen[j] = True
+        picks.append(int(cands[j]))
+        v = factors(cands[j : j + 1])[0]
+        mmat += w_s * (v @ v.T)
+        step_times.append(time.perf_counter() - ts)
+    return {"setup": setup, "step_times": step_times, "picks": picks}
+
+
+# --------------------------------------------------------------------------------------------------
+# One row, in its own process
+# --------------------------------------------------------------------------------------------------
+
+
+def peak_rss_gb() -> float:
+    """Peak resident set of this process (VmHWM; ru_maxrss as a fallback)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, Any]:
+    import selection
+
+    x, probs, labeled = make_data(row, seed, device)
+    batch = row.run_batch or row.batch
+    task = "classification" if row.k > 0 else "regression"
+    kwargs: dict[str, Any] = {"embeddings": x, "probs": probs, "labeled": labeled, "task": task}
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    res = selection.select(row.strategy, batch_size=batch, dtype=row.dtype, **kwargs, **row.params)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    diag = res.diagnostics
+    timings = diag.get("timings", {})
+    steps = diag.get("steps", {})
+    n_fwd = int(steps.get("forward", 0)) or batch
+    n_bwd = int(steps.get("backward", 0))
+    out: dict[str, Any] = {
+        **{k: v for k, v in asdict(row).items() if k in ("name", "strategy", "n", "d", "k", "batch", "dtype")},
+        "device": diag.get("device", device),
+        "threads": torch.get_num_threads(),
+        "setup_s": timings.get("setup", float("nan")),
+        "step_s": timings.get("forward", float("nan")) / max(n_fwd, 1),
+        "total_s": total,
+        "objective": res.objective,
+        "notes": [],
+    }
+    if row.params:
+        out["notes"].append(",".join(f"{k}={v}" for k, v in row.params.items()))
+    if row.run_batch is not None:
+        # Extrapolate to the target batch: forward and backward steps scale with the step count.
+        target_fwd = 2 * row.batch
+        bwd_step = timings.get("backward", 0.0) / max(n_bwd, 1)
+        est = timings.get("setup", 0.0) + out["step_s"] * target_fwd + bwd_step * row.batch
+        out["total_s"] = est
+        out["notes"].append(f"total extrapolated from a B={batch} run ({total:.1f} s)")
+    if row.exact_gap:
+        exact_params = {k: v for k, v in row.params.items() if k not in ("approx", "approx_dim")}
+        exact = selection.select(row.strategy, batch_size=batch, dtype=row.dtype, **kwargs, **exact_params)
+        approx_exact = diag.get("exact_objective", res.objective)
+        gap = approx_exact / exact.objective - 1.0
+        out["notes"].append(
+            f"approx gap {100 * gap:+.2f}% (exact obj {exact.objective:.6g}, exact run "
+            f"{exact.diagnostics['timings']['total']:.1f} s)"
+        )
+        out["gap"] = gap
+    if device.startswith("cuda"):
+        out["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        out["notes"].append("peak = CUDA max_memory_allocated")
+    else:
+        out["peak_gb"] = peak_rss_gb()
+    if row.naive:
+        lam = float(row.params.get("lam", 1.0))
+        n_fwd_target = 2 * row.batch
+        limit = n_fwd_target if naive_limit <= 0 else min(naive_limit, n_fwd_target)
+        nv = naive_forward(x, probs, labeled, batch, lam=lam, steps=limit)
+        step = float(np.mean(nv["step_times"]))
+        n_cand = row.n - row.n_labeled
+        # Backward steps score only the 2B picks: same per-candidate work, scaled by 2B / n_C.
+        naive_total = nv["setup"] + step * n_fwd_target + step * (2 * row.batch / n_cand) * row.batch
+        fast_fwd = diag.get("forward_indices", [])[:limit]
+        out["naive_s"] = naive_total
+        out["naive_step_s"] = step
+        out["speedup"] = naive_total / out["total_s"]
+        out["picks_match"] = f"{sum(a == b for a, b in zip(fast_fwd, nv['picks'], strict=False))}/{limit}"
+        if limit < n_fwd_target:
+            out["notes"].append(
+                f"naive timed on {limit}/{n_fwd_target} forward steps and extrapolated "
+                f"(setup {nv['setup']:.1f} s + {step:.2f} s/step)"
+            )
+        elif list(fast_fwd) == nv["picks"]:
+            out["notes"].append("naive ran in full")
+    out["notes"] = "; ".join(out["notes"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------------
+
+
+def machine_lines(device: str, threads: int) -> list[str]:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    lines = [
+        f"machine: {platform.node()} | {platform.system()} {platform.release()} | {cpu} | "
+        f"{os.cpu_count()} logical CPUs | load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}",
+        f"python {platform.python_version()} | torch {torch.__version__} | "
+        f"torch threads per row: {threads} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
+        f"device: {device}"
+        + (f" ({torch.cuda.get_device_name(0)})" if device.startswith("cuda") and torch.cuda.is_available() else ""),
+    ]
+    return lines
+
+
+COLUMNS = [
+    ("name", "row", "{}"),
+    ("strategy", "strategy", "{}"),
+    ("n", "n", "{:,}"),
+    ("d", "d", "{}"),
+    ("k", "k", "{}"),
+    ("batch", "B", "{}"),
+    ("dtype", "dtype", "{}"),
+    ("setup_s", "setup s", "{:.2f}"),
+    ("step_s", "s/greedy step", "{:.4f}"),
+    ("total_s", "total s", "{:.1f}"),
+    ("peak_gb", "peak GB", "{:.2f}"),
+    ("naive_s", "naive s", "{:.3g}"),
+    ("speedup", "speed-up", "{:.3g}x"),
+    ("picks_match", "picks = naive", "{}"),
+    ("notes", "note", "{}"),
+]
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    head = [c[1] for c in COLUMNS]
+    body = []
+    for res in results:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            val = res.get(key)
+            cells.append("-" if val is None or val == "" else fmt.format(val))
+        body.append(cells)
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = [
+        " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
+        "-+-".join("-" * w for w in widths),
+    ]
+    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny rows, seconds")
+    ap.add_argument("--rows", default=None, help="comma-separated row names (see --list)")
+    ap.add_argument("--list", action="store_true", help="list the rows and exit")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per row (default 1: see notes)")
+    ap.add_argument(
+        "--naive-limit",
+        type=int,
+        default=3,
+        help="time the naive method on this many forward steps and extrapolate (0 = run it in full)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker is not None:
+        torch.set_num_threads(args.threads)
+        row = Row(**json.loads(args.worker))
+        with torch.no_grad():
+            res = run_row(row, device=args.device, seed=args.seed, naive_limit=args.naive_limit)
+        print("RESULT " + json.dumps(res))
+        return 0
+
+    if args.list:
+        for r in ROWS:
+            print(f"{r.name:20s} {r.strategy:10s} n={r.n:<9,} d={r.d:<4} k={r.k:<4} B={r.batch:<4} {r.dtype}")
+        return 0
+    if args.rows:
+        wanted = args.rows.split(",")
+        unknown = set(wanted) - {r.name for r in ROWS}
+        if unknown:
+            ap.error(f"unknown rows {sorted(unknown)}; see --list")
+        rows = [r for r in ROWS if r.name in wanted]
+    else:
+        rows = [r for r in ROWS if (r.smoke if args.smoke else r.default)]
+
+    for line in machine_lines(args.device, args.threads):
+        print(line)
+    print("timings are wall-clock on a possibly shared machine: expect noise\n", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    results: list[dict[str, Any]] = []
+    for row in rows:
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            json.dumps(asdict(row)),
+            "--device",
+            args.device,
+            "--threads",
+            str(args.threads),
+            "--naive-limit",
+            str(args.naive_limit),
+            "--seed",
+            str(args.seed),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            print(f"row {row.name} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
+            results.append({"name": row.name, "strategy": row.strategy, "notes": "FAILED"})
+            continue
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
+        print(f"done {row.name}: {results[-1]['total_s']:.1f} s", flush=True)
+    print()
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0 if all(r.get("notes") != "FAILED" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

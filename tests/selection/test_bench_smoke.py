@@ -1,0 +1,49 @@
+"""The speed benchmark's smoke mode runs end to end and prints finite numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_selection_speed_smoke_prints_a_table_with_finite_numbers(tmp_path: Path) -> None:
+    out_json = tmp_path / "rows.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "selection_speed.py"),
+            "--smoke",
+            "--naive-limit",
+            "0",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch threads per row: 1" in proc.stdout
+    rows = json.loads(out_json.read_text())
+    names = {r["name"] for r in rows}
+    assert {"smoke-naive", "smoke-f32", "smoke-regression", "smoke-approx"} <= names
+    for r in rows:
+        assert r["name"] in proc.stdout
+        for key in ("setup_s", "step_s", "total_s", "peak_gb"):
+            assert math.isfinite(r[key]) and r[key] >= 0, (r["name"], key, r[key])
+        assert 0 < r["peak_gb"] < 16
+    naive = next(r for r in rows if r["name"] == "smoke-naive")
+    assert naive["picks_match"] == "20/20"  # the naive ran in full and agrees on every forward pick
+    assert math.isfinite(naive["speedup"]) and naive["speedup"] > 0
+    approx = next(r for r in rows if r["name"] == "smoke-approx")
+    assert abs(approx["gap"]) < 0.05
