@@ -151,23 +151,35 @@ X3 = [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"strategy": "random", "batch_size": 1, "embeddings": [[0.0, float("nan")], [1.0, 1.0]]}, "NaN or inf in 1 row"),
+        (
+            {"strategy": "random", "batch_size": 1, "embeddings": [[0.0, float("nan")], [1.0, 1.0]]},
+            "NaN or inf in 1 row",
+        ),
         ({"strategy": "random", "batch_size": 1, "embeddings": [[0.0, 1.0], [1.0]]}, "rectangular array"),
         ({"strategy": "random", "batch_size": 1, "embeddings": []}, "embeddings must be a 2-D array"),
         ({"strategy": "random", "batch_size": 1}, "embeddings are required"),
         ({"strategy": "random", "batch_size": 4, "embeddings": X3, "labeled": [0]}, "between 1 and the 3 candidate"),
-        ({"strategy": "random", "batch_size": 1, "embeddings": X3, "labeled": [4]}, "labeled has indices outside [0, 3]"),
+        (
+            {"strategy": "random", "batch_size": 1, "embeddings": X3, "labeled": [4]},
+            "labeled has indices outside [0, 3]",
+        ),
         ({"strategy": "random", "batch_size": 1, "embeddings": X3, "reserved": [0.5]}, "reserved must hold integer"),
-        ({"strategy": "margin", "batch_size": 1, "embeddings": X3, "probs": [[0.5, 0.6]] * 4}, "each row must sum to 1"),
+        (
+            {"strategy": "margin", "batch_size": 1, "embeddings": X3, "probs": [[0.5, 0.6]] * 4},
+            "each row must sum to 1",
+        ),
         ({"strategy": "margin", "batch_size": 1, "embeddings": X3, "probs": [[0.5, 0.5]] * 3}, "probs has 3 rows"),
-        ({"strategy": "coreset", "batch_size": 1, "task": "regression", "embeddings": X3, "probs": [[1, 0]] * 4}, "probs are for classification"),
+        (
+            {"strategy": "coreset", "batch_size": 1, "task": "regression", "embeddings": X3, "probs": [[1, 0]] * 4},
+            "probs are for classification",
+        ),
         ({"strategy": "margin", "batch_size": 1, "task": "regression", "embeddings": X3}, "strategies for regression"),
         ({"strategy": "best", "batch_size": 1, "embeddings": X3}, "unknown strategy 'best'"),
         ({"strategy": "random", "batch_size": 1, "embeddings": X3, "params": {"k": 1}}, "unknown parameter(s) 'k'"),
         ({"strategy": "random", "batch_size": 1, "embeddings": X3, "task": "ranking"}, "task must be one of"),
         ({"strategy": "random", "batch_size": 1, "embeddings": X3, "extra": 1}, "unknown field(s) ['extra']"),
     ],
-)  # fmt: skip
+)
 def test_select_validation_writes_nothing(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], body: dict[str, Any], message: str
 ) -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import session_scope
@@ -78,23 +78,25 @@ def make_pool(
         )
         s.add(pool)
         s.flush()
+        rows = []
         for i in range(n):
             labeled = i < n_labeled
             label: Any = None
             if labeled:
                 label = CLASSES[int(y[i])] if task == "classification" else [float(X[i, 0])]
-            s.add(
-                Item(
-                    pool_id=pool.id,
-                    external_id=ext[i],
-                    embedding=X[i].astype("<f4").tobytes(),
-                    status="labeled" if labeled else "unlabeled",
-                    label=label,
-                    labeled_at=now if labeled else None,
-                    created_at=now,
-                    updated_at=now,
-                )
+            rows.append(
+                {
+                    "pool_id": pool.id,
+                    "external_id": ext[i],
+                    "embedding": X[i].astype("<f4").tobytes(),
+                    "status": "labeled" if labeled else "unlabeled",
+                    "label": label,
+                    "labeled_at": now if labeled else None,
+                    "created_at": now,
+                    "updated_at": now,
+                }
             )
+        s.execute(insert(Item), rows)
         pool_id = pool.id
     return PoolData(pool_id=pool_id, X=X, y=y, external_ids=ext)
 
