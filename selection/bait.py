@@ -43,10 +43,12 @@ import torch
 from selection.errors import InputDataError, MemoryBudgetError, ParameterError
 from selection.fisher import exact_objective, fisher_pca_basis, kron_sum, reduced_rank, row_factors
 from selection.linalg import (
+    accumulate_kron_upper,
     block_contract,
     block_matvec,
     block_quadratic_forms,
     logdet_scores,
+    symmetrize_blocks,
     trace_solve_scores,
 )
 from selection.problem import Problem, StrategyOutput, register
@@ -298,22 +300,17 @@ class _Bait:
             fmat = torch.zeros(big_d, big_d, dtype=mdt, device=dev)
             for lo in range(0, self.n, cs):
                 hi = min(self.n, lo + cs)
-                part = kron_sum(
-                    self.x_all[lo:hi],
-                    None if self.probs is None else self.probs[lo:hi],
-                    weights[lo:hi],
-                    out_dtype=mdt,
-                    chunk_size=cs,
-                    compute_dtype=sdt,
-                )
-                fmat += part
-                del part
+                ef = row_factors(None if self.probs is None else self.probs[lo:hi], hi - lo, dtype=sdt, device=dev)
+                sf = (ef @ ef.transpose(1, 2)) * weights[lo:hi].to(sdt)[:, None, None]  # chunk x r x r
+                accumulate_kron_upper(fmat, self.x_all[lo:hi].to(sdt), sf)
                 self._tick()
+            symmetrize_blocks(fmat, r)
         elif self.mode == "identity":
             fmat = torch.eye(big_d, dtype=mdt, device=dev)
 
         # P_0 = M_0^{-1}, Q_0 = P_0 F P_0, and log det M_0.
         p0_identity = n_design == 0 or self.w_design == 0.0
+        low_rank: tuple[Tensor, Tensor, Tensor] | None = None
         q: Tensor | None = None
         m_prime = n_design * r
         if p0_identity:
@@ -341,6 +338,10 @@ class _Bait:
                 q = fmat - z @ y.T - y @ z.T
                 q /= lam**2
             logdet0 = (big_d - m_prime) * math.log(lam) + 2.0 * float(kchol.diagonal().log().sum())
+            # For G_x below: x^T P_ab x = (||x||^2 delta_ab - b_a^T K^{-1} b_b) / lam with
+            # b_a[i r + c] = (x_i^T x) E_i[a, c]: O(n r m'^2) instead of n D^2.
+            eye_m = torch.eye(m_prime, dtype=mdt, device=dev)
+            low_rank = (xl, el, torch.linalg.solve_triangular(kchol, eye_m, upper=False))
             del lf, z, kmat
             method = "woodbury"
         else:
@@ -377,18 +378,27 @@ class _Bait:
         e *= math.sqrt(self.w_picked)
         g = torch.empty(n_cand, r, r, dtype=sdt, device=dev)
         h = None if q is None else torch.empty(n_cand, r, r, dtype=sdt, device=dev)
-        p_s = None if p0_identity else p.to(sdt)
+        p_s = None if (p0_identity or low_rank is not None) else p.to(sdt)
         q_s = None if q is None else q.to(sdt)
+        if low_rank is not None:
+            xl_s, el_s, cinv_s = (t.to(sdt) for t in low_rank)  # n_L x d, n_L x r x r, m' x m'
         for lo in range(0, n_cand, cs):
             hi = min(n_cand, lo + cs)
             xs = xc[lo:hi].to(sdt)
             ec = e[lo:hi]
             ete = ec.transpose(1, 2)
-            if p_s is None:
-                norms = (xs * xs).sum(1) / lam  # G_x = ||x||^2 / lam I
-                g[lo:hi] = (ete @ ec) * norms[:, None, None]
-            else:
+            norms = (xs * xs).sum(1) / lam
+            if p_s is not None:
                 g[lo:hi] = ete @ block_quadratic_forms(xs, p_s) @ ec
+            elif low_rank is None:
+                g[lo:hi] = (ete @ ec) * norms[:, None, None]  # G_x = ||x||^2 / lam I
+            else:
+                kx = xs @ xl_s.T  # m x n_L
+                bx = (kx[:, None, :, None] * el_s.permute(1, 0, 2)[None]).reshape(hi - lo, r, m_prime)
+                ax = bx @ cinv_s.T  # m x r x m': C^{-1} b_a
+                gx = -(ax @ ax.transpose(1, 2)) / lam
+                gx.diagonal(dim1=1, dim2=2).add_(norms[:, None])
+                g[lo:hi] = ete @ gx @ ec
             if h is not None and q_s is not None:
                 h[lo:hi] = ete @ block_quadratic_forms(xs, q_s) @ ec
             self._tick()
@@ -441,8 +451,8 @@ class _Bait:
             s_t = torch.linalg.solve_triangular(chol, y.T, upper=False)  # L^{-1} h_s L^{-T}
             r_h = r_t - (0.5 * sigma) * (u_t @ s_t)  # D x r
             st.p.addmm_(u_t, u_t.T, alpha=-sigma)
-            st.q.addmm_(u_t, r_h.T, alpha=-sigma)
-            st.q.addmm_(r_h, u_t.T, alpha=-sigma)
+            # Q -= sigma (U~ R^T + R^ U~^T) as one rank-2r GEMM: one pass over Q.
+            st.q.addmm_(torch.cat([u_t, r_h], 1), torch.cat([r_h, u_t], 1).T, alpha=-sigma)
             delta = float(s_t.diagonal().sum())
             blocks = torch.stack([u_t, r_h], dim=1).view(r, d, 2, r)
         # d x (r * c * r), column index (a, c-block, col): one GEMM gives m x r x (c r) per chunk.
