@@ -120,15 +120,18 @@ def _upsert_postgresql(
                 FROM bait_item_upload ORDER BY ord
                 ON CONFLICT (pool_id, external_id) DO UPDATE
                 SET embedding = EXCLUDED.embedding, uri = NULL, updated_at = EXCLUDED.updated_at
+                -- re-sending identical embeddings (a retried upload) rewrites nothing
+                WHERE items.embedding IS DISTINCT FROM EXCLUDED.embedding OR items.uri IS NOT NULL
                 RETURNING (xmax = 0) AS inserted
             )
-            SELECT count(*) FILTER (WHERE inserted), count(*) FILTER (WHERE NOT inserted) FROM up
+            SELECT count(*) FILTER (WHERE inserted) FROM up
             """,
             {"pool": pool_id, "now": now},
         )
-        created, updated = cur.fetchone()
+        (created,) = cur.fetchone()
         cur.execute("DROP TABLE bait_item_upload")
-    return int(created), int(updated)
+    # Every id that was not inserted existed already: it counts as updated, rewritten or not.
+    return int(created), len(external_ids) - int(created)
 
 
 def _upsert_generic(

@@ -1,0 +1,352 @@
+"""Service throughput over real HTTP: bulk item upload and label writes (and, later, batch latency).
+
+Starts the api with uvicorn in a subprocess on a scratch database, then measures through the public API:
+
+- bulk upload of n x d float32 embeddings as one .npz (create, then the same file again: the update
+  path) and as one Parquet file into a second pool;
+- the baseline measured in the same run: the JSON upsert (`POST /items`, 1,000 items a request) on a
+  slice of the same data;
+- label writes (`PUT /labels`, 10,000 labels a request) over every item of the pool.
+
+Usage:
+    python bench/service_throughput.py                      # SQLite file in a temp dir, 100,000 x 768
+    python bench/service_throughput.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres
+    python bench/service_throughput.py --smoke              # 2,000 x 64, seconds
+
+With ``--database-url`` a scratch database is created on that PostgreSQL server and dropped afterwards.
+Batch latency rows (POST /batches to succeeded, bait vs random) belong in :func:`batch_rows`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from service.config import Settings  # noqa: E402
+from service.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
+from service.domain.keys import create_key  # noqa: E402
+from service.migrate import upgrade  # noqa: E402
+
+
+@dataclass
+class Row:
+    """One line of the result table."""
+
+    what: str
+    n: int
+    seconds: float
+    mb: float | None = None  # payload megabytes (float32 embedding bytes), for MB/s
+    note: str = ""
+
+    @property
+    def per_second(self) -> float:
+        return self.n / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class BenchContext:
+    """What a row function gets: a client on the running api, a key, the sizes and a place for pools."""
+
+    client: httpx.Client
+    auth: dict[str, str]
+    n: int
+    d: int
+    smoke: bool
+    database: str
+    pools: dict[str, str] = field(default_factory=dict)  # name -> pool id, made by earlier rows
+
+
+# ------------------------------------------------------------------------------------------- machine
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 2**20:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return {
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "cpu": f"{cpu} x {os.cpu_count()}",
+        "memory": mem,
+        "load avg (1/5/15 min)": load,
+    }
+
+
+# ------------------------------------------------------------------------------------------ database
+
+
+@contextmanager
+def scratch_database(database_url: str | None) -> Iterator[tuple[str, str]]:
+    """A migrated scratch database: ``(url, description)``; dropped (PostgreSQL) or deleted (SQLite) after."""
+    if database_url is None:
+        with tempfile.TemporaryDirectory(prefix="bait-bench-") as tmp:
+            url = f"sqlite:///{tmp}/bench.db"
+            upgrade(url)
+            import sqlite3
+
+            yield url, f"SQLite {sqlite3.sqlite_version} (temp file)"
+        return
+    admin = make_url(database_url)
+    name = f"bait_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin_engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with admin_engine.connect() as conn:
+        version = conn.execute(text("SHOW server_version")).scalar_one()
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url, f"PostgreSQL {version} ({admin.host}:{admin.port}, scratch database {name})"
+    finally:
+        with admin_engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin_engine.dispose()
+
+
+def mint_key(url: str) -> str:
+    engine = make_engine(Settings(database_url=url))
+    with session_scope(make_sessionmaker(engine)) as s:
+        key, _ = create_key(s, "bench")
+    engine.dispose()
+    return key
+
+
+@contextmanager
+def api_server(url: str) -> Iterator[str]:
+    """uvicorn serving ``service.main:create_app`` on a free port; yields its base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "BAIT_DATABASE_URL": url,
+        "BAIT_PRINT_BOOTSTRAP_KEY": "false",
+        "BAIT_MAX_UPLOAD_BYTES": str(8 * 2**30),
+        "BAIT_LOG_LEVEL": "WARNING",
+    }
+    env.pop("BAIT_REDIS_URL", None)
+    cmd = [sys.executable, "-m", "uvicorn", "service.main:create_app", "--factory", "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, cwd=REPO)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the api did not start")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------------------ payloads
+
+
+def make_data(n: int, d: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [f"item-{i:07d}" for i in range(n)], rng.standard_normal((n, d), dtype=np.float32)
+
+
+def npz_body(ids: list[str], emb: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, ids=np.array(ids), embeddings=emb)
+    return buf.getvalue()
+
+
+def parquet_body(ids: list[str], emb: np.ndarray) -> bytes:
+    d = emb.shape[1]
+    values = pa.array(emb.reshape(-1), type=pa.float32())
+    col = pa.FixedSizeListArray.from_arrays(values, d)
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": ids, "embedding": col}), buf, compression="none")
+    return buf.getvalue()
+
+
+def create_pool(ctx: BenchContext, name: str) -> str:
+    classes = [f"c{i}" for i in range(10)]
+    body = {"name": name, "task": "classification", "classes": classes, "embedding_dim": ctx.d}
+    resp = ctx.client.post("/v1/pools", json=body, headers=ctx.auth)
+    resp.raise_for_status()
+    pool_id: str = resp.json()["id"]
+    ctx.pools[name] = pool_id
+    return pool_id
+
+
+def file_like(body: bytes, chunk: int = 2**20) -> Iterator[bytes]:
+    """Send a body the way a client sends a file: streamed in chunks. (httpx given one big ``bytes``
+    spends ~15 s of client CPU on 300 MB before the server sees it; a stream takes ~1.5 s.)"""
+    view = memoryview(body)
+    for start in range(0, len(view), chunk):
+        yield bytes(view[start : start + chunk])
+
+
+def timed_upload(ctx: BenchContext, pool: str, body: bytes) -> tuple[float, dict[str, Any]]:
+    headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(body))}
+    return timed_post(ctx, f"/v1/pools/{pool}/items:bulk", content=file_like(body), headers=headers)
+
+
+def timed_post(ctx: BenchContext, path: str, **kwargs: Any) -> tuple[float, dict[str, Any]]:
+    t0 = time.perf_counter()
+    resp = ctx.client.post(path, headers={**ctx.auth, **kwargs.pop("headers", {})}, **kwargs)
+    seconds = time.perf_counter() - t0
+    if resp.status_code != 200:
+        raise RuntimeError(f"{path}: {resp.status_code} {resp.text[:500]}")
+    out: dict[str, Any] = resp.json()
+    return seconds, out
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+
+def upload_rows(ctx: BenchContext) -> list[Row]:
+    ids, emb = make_data(ctx.n, ctx.d)
+    mb = emb.nbytes / 1e6
+    rows: list[Row] = []
+
+    body = npz_body(ids, emb)
+    pool = create_pool(ctx, "bulk-npz")
+    seconds, out = timed_upload(ctx, pool, body)
+    assert out == {"created": ctx.n, "updated": 0}, out
+    rows.append(Row("bulk upload .npz (create)", ctx.n, seconds, mb, f"body {len(body) / 1e6:.0f} MB"))
+    seconds, out = timed_upload(ctx, pool, body)
+    assert out == {"created": 0, "updated": ctx.n}, out
+    rows.append(Row("bulk upload .npz again (identical: no-op)", ctx.n, seconds, mb))
+    emb2 = emb + np.float32(1.0)
+    body = npz_body(ids, emb2)
+    del emb2
+    seconds, out = timed_upload(ctx, pool, body)
+    assert out == {"created": 0, "updated": ctx.n}, out
+    rows.append(Row("bulk upload .npz (new embeddings: update)", ctx.n, seconds, mb))
+    del body
+
+    body = parquet_body(ids, emb)
+    pool2 = create_pool(ctx, "bulk-parquet")
+    seconds, out = timed_upload(ctx, pool2, body)
+    assert out == {"created": ctx.n, "updated": 0}, out
+    rows.append(Row("bulk upload Parquet (create)", ctx.n, seconds, mb, f"body {len(body) / 1e6:.0f} MB"))
+    del body
+
+    # Baseline in the same run: the JSON path, 1,000 items a request, on a slice of the same data.
+    n_json = min(ctx.n, 2_000 if ctx.smoke else 10_000)
+    pool3 = create_pool(ctx, "json")
+    total = 0.0
+    for start in range(0, n_json, 1_000):
+        items = [{"id": ids[i], "embedding": emb[i].tolist()} for i in range(start, min(start + 1_000, n_json))]
+        seconds, _ = timed_post(ctx, f"/v1/pools/{pool3}/items", json={"items": items})
+        total += seconds
+    rows.append(Row("baseline: JSON upsert, 1,000 items/request", n_json, total, emb[:n_json].nbytes / 1e6))
+    return rows
+
+
+def label_rows(ctx: BenchContext) -> list[Row]:
+    pool = ctx.pools["bulk-npz"]
+    per_request = 10_000
+    ids, _ = make_data(ctx.n, 1)
+    total = 0.0
+    for start in range(0, ctx.n, per_request):
+        labels = [{"item_id": ids[i], "label": f"c{i % 10}"} for i in range(start, min(start + per_request, ctx.n))]
+        t0 = time.perf_counter()
+        resp = ctx.client.put(
+            f"/v1/pools/{pool}/labels", json={"labels": labels, "annotator": "bench"}, headers=ctx.auth
+        )
+        total += time.perf_counter() - t0
+        resp.raise_for_status()
+    counts = ctx.client.get(f"/v1/pools/{pool}", headers=ctx.auth).json()["counts"]
+    assert counts["labeled"] == ctx.n, counts
+    return [Row(f"label writes, {per_request:,} labels/request", ctx.n, total)]
+
+
+def batch_rows(ctx: BenchContext) -> list[Row]:
+    """Hook for batch latency (POST /v1/pools/{pool}/batches until `succeeded`, bait vs random).
+
+    Reuse ``ctx.pools['bulk-npz']`` (every item labeled by :func:`label_rows`) or upload a pool of
+    its own with :func:`upload_rows`'s helpers, and return one :class:`Row` per strategy.
+    """
+    return []
+
+
+ROW_FUNCTIONS: list[Callable[[BenchContext], list[Row]]] = [upload_rows, label_rows, batch_rows]
+
+
+# -------------------------------------------------------------------------------------------- output
+
+
+def print_table(rows: list[Row]) -> None:
+    header = f"| {'measurement':44} | {'n':>9} | {'seconds':>8} | {'rows/s':>10} | {'MB/s':>7} | note"
+    print(header)
+    print("|" + "-" * 46 + "|" + "-" * 11 + "|" + "-" * 10 + "|" + "-" * 12 + "|" + "-" * 9 + "|------")
+    for r in rows:
+        mbs = f"{r.mb / r.seconds:7.1f}" if r.mb is not None and r.seconds > 0 else " " * 7
+        print(f"| {r.what:44} | {r.n:>9,} | {r.seconds:8.2f} | {r.per_second:>10,.0f} | {mbs} | {r.note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--database-url", default=None, help="PostgreSQL server to create a scratch database on")
+    p.add_argument("--n", type=int, default=100_000, help="items")
+    p.add_argument("--d", type=int, default=768, help="embedding dimension")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (2,000 x 64): checks the script runs")
+    args = p.parse_args(argv)
+    n, d = (2_000, 64) if args.smoke else (args.n, args.d)
+
+    print("bait-service throughput (HTTP api in a uvicorn subprocess)")
+    for k, v in machine().items():
+        print(f"  {k:22} {v}")
+    with scratch_database(args.database_url) as (url, description):
+        print(f"  {'database':22} {description}")
+        print(f"  {'inputs':22} n={n:,} items x d={d} float32 ({n * d * 4 / 1e6:.0f} MB of embeddings)")
+        print()
+        key = mint_key(url)
+        with api_server(url) as base, httpx.Client(base_url=base, timeout=600) as client:
+            ctx = BenchContext(client, {"Authorization": f"Bearer {key}"}, n, d, args.smoke, description)
+            rows: list[Row] = []
+            for fn in ROW_FUNCTIONS:
+                rows += fn(ctx)
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
