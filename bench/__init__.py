@@ -1,0 +1,1 @@
+"""Benchmarks and the paper's experiments (scripts; ``bench.experiments`` is the active-learning harness)."""
