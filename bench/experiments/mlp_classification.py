@@ -1,0 +1,156 @@
+"""Experiment 2: MLP classification on MNIST and Fashion-MNIST, batch sizes 10, 100 and 1,000.
+
+The paper's deep-classification setting (Sec. 5.2) on raw pixels (``x / 255``, 784-d) with its MLP
+(one hidden ReLU layer of 128 units), retrained from scratch every round until 99% training
+accuracy (or the epoch cap), 100 initial random labels, five seeds. BAIT runs forward-backward
+(``oversample=2``) with ``lam=1``, as in the paper for every non-CIFAR experiment.
+
+Pools are subsets so that the full grid fits a few hours on two CPU cores: MNIST's 10,000 images are
+shuffled (data seed 0) into ``--pool`` pool rows and ``--test`` test rows; Fashion-MNIST's pool is
+drawn from its 60,000 training images and its test set from the official 10,000 test images.
+
+    python -m bench.experiments.mlp_classification                # full grid
+    python -m bench.experiments.mlp_classification --smoke --out /tmp/mlp
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from bench.experiments.common import (
+    RESULTS_ROOT,
+    ResultStore,
+    Setting,
+    Split,
+    StrategySpec,
+    load_npz,
+    parse_seeds,
+    plot_curves,
+    run_grid,
+    write_run_info,
+)
+from selection.heads import HeadConfig
+
+EXPERIMENT = "mlp_classification"
+DATASETS = ("mnist", "fashion")
+
+
+def strategies(lam: float = 1.0, convention: str = "reference") -> list[StrategySpec]:
+    """BAIT (forward-backward) and the paper's baselines for deep classification."""
+    return [
+        StrategySpec("bait", "bait", {"lam": lam, "convention": convention, "oversample": 2}),
+        StrategySpec("badge", "badge"),
+        StrategySpec("coreset", "coreset"),
+        StrategySpec("confidence", "confidence"),
+        StrategySpec("random", "random"),
+    ]
+
+
+def load_split(dataset: str, pool: int, test: int) -> Split:
+    """Pool and test set of ``dataset`` (``"mnist"`` or ``"fashion"``) as flattened ``x / 255`` pixels."""
+    rng = np.random.default_rng(0)
+    if dataset == "mnist":
+        data = load_npz("mnist10k.npz")
+        X, y = data["X"], data["y"]
+        order = rng.permutation(len(X))  # the file is grouped by class
+        if pool + test > len(X):
+            raise ValueError(f"pool + test must be <= {len(X)}")
+        tr, te = order[:pool], order[len(X) - test :]
+        X_tr, y_tr, X_te, y_te = X[tr], y[tr], X[te], y[te]
+    elif dataset == "fashion":
+        data = load_npz("fashion_mnist.npz")
+        tr = rng.permutation(len(data["X"]))[:pool]
+        te = rng.permutation(len(data["X_test"]))[:test]
+        X_tr, y_tr, X_te, y_te = data["X"][tr], data["y"][tr], data["X_test"][te], data["y_test"][te]
+    else:
+        raise ValueError(f"unknown dataset {dataset!r}; expected one of {DATASETS}")
+
+    def flat(a: np.ndarray) -> np.ndarray:
+        return (a.reshape(len(a), -1).astype(np.float32) / 255.0).astype(np.float32)
+
+    return Split(flat(X_tr), y_tr.astype(np.int64), flat(X_te), y_te.astype(np.int64), "classification", 10)
+
+
+#: Rounds per batch size in the full run (labels at the end: 100 + rounds x B).
+FULL_ROUNDS = {10: 30, 100: 15, 1000: 4}
+FULL = {"pool": 6000, "test": 2000, "m0": 100, "max_epochs": 100, "hidden": 128}
+SMOKE_ROUNDS = {5: 2}
+SMOKE = {"pool": 200, "test": 100, "m0": 20, "max_epochs": 3, "hidden": 16}
+
+
+def settings(
+    datasets: Sequence[str],
+    rounds: dict[int, int],
+    *,
+    pool: int,
+    test: int,
+    m0: int,
+    max_epochs: int,
+    lr: float = 1e-3,
+    hidden: int = 128,
+) -> list[Setting]:
+    """One :class:`Setting` per (dataset, batch size)."""
+    out = []
+    for dataset in datasets:
+        split = load_split(dataset, pool, test)
+        head = HeadConfig(
+            input_dim=split.X_pool.shape[1], n_outputs=10, kind="mlp", hidden=hidden, lr=lr, max_epochs=max_epochs
+        )
+        for batch, n_rounds in rounds.items():
+            out.append(Setting(EXPERIMENT, f"{dataset}-B{batch}", split, head, m0=m0, batch=batch, rounds=n_rounds))
+    return out
+
+
+def parse_rounds(text: str) -> dict[int, int]:
+    """``"10:30,100:20"`` -> ``{10: 30, 100: 20}`` (batch size: rounds)."""
+    pairs = (item.split(":") for item in text.split(",") if item)
+    return {int(b): int(r) for b, r in pairs}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny pool, few rounds: checks the harness in seconds")
+    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_ROOT / EXPERIMENT})")
+    p.add_argument("--seeds", default=None, help="'5' (= 0-4), '0-4' or '0,3' (default 5; smoke 2)")
+    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated subset of mnist,fashion")
+    p.add_argument("--rounds", default=None, help="batch:rounds pairs, e.g. '10:30,100:20,1000:5'")
+    p.add_argument("--strategies", default=None, help="subset of the strategies, comma-separated")
+    for name in FULL:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the MLP")
+    p.add_argument("--lam", type=float, default=1.0, help="BAIT ridge")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    args = build_parser().parse_args(argv)
+    base = SMOKE if args.smoke else FULL
+    size = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}
+    rounds = parse_rounds(args.rounds) if args.rounds else (SMOKE_ROUNDS if args.smoke else FULL_ROUNDS)
+    out = args.out or RESULTS_ROOT / EXPERIMENT
+    seeds = parse_seeds(args.seeds or ("2" if args.smoke else "5"))
+    specs = strategies(lam=args.lam)
+    if args.strategies:
+        wanted = args.strategies.split(",")
+        specs = [s for s in specs if s.name in wanted]
+    datasets = [d for d in args.datasets.split(",") if d]
+    write_run_info(
+        out,
+        [f"bench.experiments.{EXPERIMENT}", *(argv if argv is not None else sys.argv[1:])],
+        {**size, "rounds": rounds},
+    )
+    grid = settings(datasets, rounds, lr=args.lr, **size)
+    store = ResultStore(out)
+    run_grid(grid, specs, seeds, store, desc=EXPERIMENT, quiet=args.quiet)
+    plot_curves(store.rows(), out / "curves.png", title="MLP classification")
+    return out
+
+
+if __name__ == "__main__":
+    main()
