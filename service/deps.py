@@ -37,7 +37,11 @@ def get_session(request: Request) -> Iterator[Session]:
         session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": commit before the response is sent. FastAPI's default for `yield` dependencies
+# ("request") commits after the client already has its 2xx, so an immediate follow-up request could
+# miss the write (seen over real HTTP: POST /v1/pools, then 404 on the new pool), and a failed commit
+# would go unreported.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 

@@ -7,13 +7,14 @@ an item stored as ``reserved`` whose ``reserved_until`` has passed counts as ``u
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, case, func, literal, null, or_, select
+from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, case, func, literal, null, or_, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
@@ -233,6 +234,17 @@ def get_item(session: Session, pool_id: str, external_id: str, *, now: datetime)
 def set_labels(session: Session, values: Sequence[tuple[int, Any]], now: datetime) -> None:
     """Label items (internal id, value): status ``labeled``, reservation cleared, ``batch_id`` kept."""
     table = ITEMS
+    if session.get_bind().dialect.name == "postgresql":
+        # One set-based statement over arrays instead of one UPDATE per item.
+        session.execute(
+            text(
+                "UPDATE items SET label = v.label::json, status = 'labeled', labeled_at = :now, "
+                "reserved_until = NULL, updated_at = :now "
+                "FROM unnest(CAST(:ids AS bigint[]), CAST(:labels AS text[])) AS v(id, label) WHERE items.id = v.id"
+            ),
+            {"ids": [iid for iid, _ in values], "labels": [json.dumps(v) for _, v in values], "now": now},
+        )
+        return
     for chunk in _chunks(values, _SQLITE_UPSERT_CHUNK):
         session.execute(
             table.update()
