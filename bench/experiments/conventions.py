@@ -93,7 +93,7 @@ SMOKE: dict[str, dict[str, Any]] = {
         "rep_epochs": 5,
         "dim": 16,
     },
-    "mlp": {"pool": 200, "test": 100, "m0": 20, "max_epochs": 3, "rounds": {20: 2}, "hidden": 16},
+    "mlp": {"pool": 200, "test": 100, "m0": 20, "max_epochs": 3, "rounds": {5: 2}, "hidden": 16},
 }
 
 

@@ -119,9 +119,9 @@ def test_conventions_smoke_writes_ranking(tmp_path: Path) -> None:
     check_results(
         tmp_path,
         names,
-        {"linear-random", "mlp-mnist-B20"},
+        {"linear-random", "mlp-mnist-B5"},
         {0, 1},
-        {"linear-random": 150, "mlp-mnist-B20": 200},
+        {"linear-random": 150, "mlp-mnist-B5": 200},
     )
     with (tmp_path / "ranking.csv").open() as f:
         ranked = list(csv.DictReader(f))
