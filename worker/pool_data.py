@@ -46,17 +46,36 @@ class PoolArrays:
         return int(self.X.shape[0])
 
 
-def label_to_target(pool: Pool, value: Any) -> Any:
-    """A stored label as a class index (classification) or a list of ``m`` floats (regression)."""
+def label_decoder(pool: Pool) -> Any:
+    """``decode(stored label)``: a class index (classification) or a list of ``m`` floats (regression)."""
     if pool.task == "classification":
         classes = list(pool.classes or [])
-        if isinstance(value, str) and value in classes:
-            return classes.index(value)
-        raise PoolDataError(f"label {value!r} is not one of the pool's classes {classes}")
-    target = value if isinstance(value, list) else [value]
-    if len(target) != pool.n_outputs or not all(isinstance(t, int | float) and not isinstance(t, bool) for t in target):
-        raise PoolDataError(f"regression target {value!r} is not a list of {pool.n_outputs} numbers")
-    return [float(t) for t in target]
+        index = {c: i for i, c in enumerate(classes)}
+
+        def decode_class(value: Any) -> Any:
+            try:
+                return index[value]
+            except (KeyError, TypeError):
+                raise PoolDataError(f"label {value!r} is not one of the pool's classes {classes}") from None
+
+        return decode_class
+    m = int(pool.n_outputs)
+
+    def decode_target(value: Any) -> Any:
+        target = value if isinstance(value, list) else [value]
+        if len(target) != m or not all(isinstance(t, int | float) and not isinstance(t, bool) for t in target):
+            raise PoolDataError(f"regression target {value!r} is not a list of {m} numbers")
+        return [float(t) for t in target]
+
+    return decode_target
+
+
+def _raise_bad_embedding(rows: Any, d: int) -> None:
+    for r in rows:
+        if r[2] is None:
+            raise PoolDataError(f"item {r[1]!r} has no stored embedding (data references are not encoded yet)")
+        if len(r[2]) != 4 * d:
+            raise PoolDataError(f"item {r[1]!r} has an embedding of {len(r[2]) // 4} values, expected {d}")
 
 
 def load_pool(session: Session, pool: Pool, now: datetime, progress: Any = None, chunk: int = 8192) -> PoolArrays:
@@ -80,26 +99,30 @@ def load_pool(session: Session, pool: Pool, now: datetime, progress: Any = None,
     labeled: list[int] = []
     targets: list[Any] = []
     reserved: list[int] = []
+    decode = label_decoder(pool)
     row = 0
     for rows in store.iter_pool_rows(session, pool.id, chunk):
         m = len(rows)
         if row + m > X.shape[0]:  # items added since the count: grow
             X = np.concatenate([X, np.empty((row + m - X.shape[0], d), dtype=np.float32)])
             item_ids = np.concatenate([item_ids, np.empty(row + m - item_ids.shape[0], dtype=np.int64)])
-        blobs = [r[2] for r in rows]
-        if any(b is None or len(b) != 4 * d for b in blobs):
-            bad = next(r for r in rows if r[2] is None or len(r[2]) != 4 * d)
-            if bad[2] is None:
-                raise PoolDataError(f"item {bad[1]!r} has no stored embedding (data references are not encoded yet)")
-            raise PoolDataError(f"item {bad[1]!r} has an embedding of {len(bad[2]) // 4} values, expected {d}")
-        X[row : row + m] = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(m, d)
-        for i, (item_id, ext, _emb, status, until, label) in enumerate(rows):
-            item_ids[row + i] = item_id
-            external_ids.append(ext)
+        ids, exts, blobs, statuses, untils, labels = zip(*rows, strict=True)
+        try:
+            joined = b"".join(blobs)
+        except TypeError:
+            joined = b""
+        if len(joined) != 4 * d * m:
+            _raise_bad_embedding(rows, d)
+        X[row : row + m] = np.frombuffer(joined, dtype="<f4").reshape(m, d)
+        item_ids[row : row + m] = ids
+        external_ids.extend(exts)
+        for i, status in enumerate(statuses):
+            if status == "unlabeled":
+                continue
             if status == "labeled":
                 labeled.append(row + i)
-                targets.append(label_to_target(pool, label))
-            elif status == "reserved" and until is not None and until >= now:
+                targets.append(decode(labels[i]))
+            elif status == "reserved" and untils[i] is not None and untils[i] >= now:
                 reserved.append(row + i)
         row += m
         if progress is not None:

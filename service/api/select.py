@@ -22,11 +22,25 @@ from pydantic import BaseModel, Field
 from service.config import Settings
 from service.deps import SessionDep, TenantDep
 from service.domain import select as domain
+from service.domain import strategies
 from service.errors import ERROR_RESPONSES, BadRequest, UnsupportedMediaType
 
-router = APIRouter(prefix="/v1/select", tags=["select"])
+router = APIRouter(tags=["select"])
 
 ARRAY_FIELDS = ("embeddings", "probs", "labeled", "reserved")
+
+
+class StrategyOut(BaseModel):
+    name: str
+    tasks: list[str]
+    summary: str
+    params: dict[str, dict[str, Any]] = Field(
+        description='name -> {"type", "default"}; every strategy also takes `seed`'
+    )
+
+
+class StrategyList(BaseModel):
+    strategies: list[StrategyOut]
 
 
 class SelectOut(BaseModel):
@@ -99,7 +113,7 @@ async def _parse(request: Request) -> domain.SelectInput:
 
 
 @router.post(
-    "",
+    "/v1/select",
     response_model=SelectOut,
     responses={**ERROR_RESPONSES, 202: {"model": SelectOut, "description": "Large request: a job to poll"}},
 )
@@ -126,7 +140,23 @@ async def select(request: Request, response: Response, session: SessionDep, tena
     return SelectOut(**view)
 
 
-@router.get("/{job_id}", response_model=SelectOut, responses=ERROR_RESPONSES)
+@router.get("/v1/select/{job_id}", response_model=SelectOut, responses=ERROR_RESPONSES)
 def get_select(job_id: str, session: SessionDep, tenant: TenantDep) -> SelectOut:
     """A selection job: status, progress, and once succeeded its `indices`, `objective`, `diagnostics`."""
     return SelectOut(**domain.job_view(session, tenant.id, job_id))
+
+
+@router.get("/v1/strategies", response_model=StrategyList, responses=ERROR_RESPONSES)
+def list_strategies(_tenant: TenantDep) -> StrategyList:
+    """The selection strategies: the tasks each supports and its parameters (for batches and /v1/select)."""
+    out = []
+    for name in strategies.names():
+        spec = strategies.CATALOG[name]
+        params = {
+            k: {"type": p.annotation, "default": p.default}
+            for k, p in spec.params.items()
+            if k not in strategies.ARRAY_PARAMS
+        }
+        params["seed"] = {"type": "int | None", "default": None}
+        out.append(StrategyOut(name=name, tasks=list(spec.tasks), summary=spec.summary, params=params))
+    return StrategyList(strategies=out)

@@ -161,7 +161,7 @@ def batch_view(batch: Batch) -> dict[str, Any]:
             "done": batch.progress_done,
             "total": batch.progress_total,
         },
-        "item_ids": batch.item_ids if batch.status == "succeeded" else (batch.item_ids or None),
+        "item_ids": batch.item_ids,
         "objective": batch.objective,
         "diagnostics": batch.diagnostics or {},
         "checkpoint_id": batch.checkpoint_id,

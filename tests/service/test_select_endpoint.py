@@ -209,3 +209,14 @@ def test_select_job_of_another_tenant_is_404(
     job = small_sync_client.post("/v1/select", json=body, headers=auth).json()
     assert small_sync_client.get(f"/v1/select/{job['id']}", headers=other_auth).status_code == 404
     run_jobs(app_client=small_sync_client)
+
+
+def test_strategies_are_listed_with_tasks_and_params(client: TestClient, auth: dict[str, str]) -> None:
+    r = client.get("/v1/strategies", headers=auth)
+    assert r.status_code == 200
+    listed = {s["name"]: s for s in r.json()["strategies"]}
+    assert sorted(listed) == sorted(selection.STRATEGIES)
+    assert listed["bait"]["tasks"] == ["classification", "regression"]
+    assert listed["bait"]["params"]["oversample"] == {"type": "float", "default": 2}
+    assert "fisher_weights" not in listed["bait"]["params"] and "seed" in listed["random"]["params"]
+    assert client.get("/v1/strategies").status_code == 401
