@@ -299,12 +299,11 @@ def label_rows(ctx: BenchContext) -> list[Row]:
 
 
 def batch_rows(ctx: BenchContext) -> list[Row]:
-    """Hook for batch latency (POST /v1/pools/{pool}/batches until `succeeded`, bait vs random).
+    """Batch latency (POST /v1/pools/{pool}/batches until `succeeded`, split by stage; random = the
+    service overhead, bait): see bench/batch_latency.py."""
+    from bench.batch_latency import batch_rows as latency_rows
 
-    Reuse ``ctx.pools['bulk-npz']`` (every item labeled by :func:`label_rows`) or upload a pool of
-    its own with :func:`upload_rows`'s helpers, and return one :class:`Row` per strategy.
-    """
-    return []
+    return latency_rows(ctx)
 
 
 ROW_FUNCTIONS: list[Callable[[BenchContext], list[Row]]] = [upload_rows, label_rows, batch_rows]
