@@ -49,12 +49,15 @@ class StrategyInfo:
         summary: one-line description.
         tasks: tasks it supports, sorted.
         params: keyword-only parameters and their defaults.
+        inputs: what it reads besides the design: ``"embeddings"`` and/or ``"probs"`` (empty for
+            ``random``, which needs no model at all).
     """
 
     name: str
     summary: str
     tasks: tuple[str, ...]
     params: dict[str, Any]
+    inputs: tuple[str, ...] = ("embeddings", "probs")
 
 
 def strategy_params(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -66,7 +69,13 @@ def strategy_params(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _info(s: Strategy) -> StrategyInfo:
-    return StrategyInfo(name=s.name, summary=s.summary, tasks=tuple(sorted(s.tasks)), params=strategy_params(s.fn))
+    return StrategyInfo(
+        name=s.name,
+        summary=s.summary,
+        tasks=tuple(sorted(s.tasks)),
+        params=strategy_params(s.fn),
+        inputs=tuple(sorted(s.inputs)),
+    )
 
 
 class _StrategiesView(Mapping[str, StrategyInfo]):
@@ -166,7 +175,8 @@ def select(
         strategy: a name in :data:`STRATEGIES` (``"bait"``, ``"badge"``, ``"coreset"``, ...).
         embeddings: ``n x d`` numpy array, torch tensor or nested list: every pool row, labeled or not.
         probs: ``n x k`` predicted class probabilities (rows sum to 1) for classification; ``None``
-            for regression.
+            for regression, and allowed for strategies that do not read them
+            (``"probs" not in STRATEGIES[strategy].inputs``: random, coreset).
         labeled: labeled rows, as integer indices or a boolean mask of length ``n``; ``None`` = none.
         reserved: rows reserved by earlier, not yet labeled batches (never returned; BAIT counts them
             in the design). A row in both ``labeled`` and ``reserved`` counts as labeled.
@@ -212,6 +222,7 @@ def select(
         dtype=dtype,
         chunk_size=chunk_size,
         progress=progress,
+        needs_probs="probs" in strat.inputs,
     )
     t1 = time.perf_counter()
     with torch.no_grad():

@@ -152,6 +152,7 @@ def badge(problem: Problem) -> StrategyOutput:
     "coreset",
     tasks=("classification", "regression"),
     summary="Core-set: greedy k-center on embeddings, distances to labeled, reserved and chosen rows",
+    inputs=("embeddings",),
 )
 def coreset(problem: Problem) -> StrategyOutput:
     """Greedy k-center (Sener & Savarese, ICLR 2018) on the embeddings.
@@ -203,7 +204,9 @@ def _rank(problem: Problem, scores: torch.Tensor, *, descending: bool) -> Strate
     )
 
 
-@register("confidence", tasks=("classification",), summary="Least confidence: smallest max probability")
+@register(
+    "confidence", tasks=("classification",), summary="Least confidence: smallest max probability", inputs=("probs",)
+)
 def confidence(problem: Problem) -> StrategyOutput:
     """Least-confidence sampling: candidates with the smallest ``max_c p_c`` first.
 
@@ -215,7 +218,12 @@ def confidence(problem: Problem) -> StrategyOutput:
     return _rank(problem, P.max(dim=1).values, descending=False)
 
 
-@register("margin", tasks=("classification",), summary="Margin: smallest gap between the top two probabilities")
+@register(
+    "margin",
+    tasks=("classification",),
+    summary="Margin: smallest gap between the top two probabilities",
+    inputs=("probs",),
+)
 def margin(problem: Problem) -> StrategyOutput:
     """Margin sampling: candidates with the smallest ``p_(1) - p_(2)`` first.
 
@@ -227,7 +235,7 @@ def margin(problem: Problem) -> StrategyOutput:
     return _rank(problem, top2[:, 0] - top2[:, 1], descending=False)
 
 
-@register("entropy", tasks=("classification",), summary="Entropy: largest predictive entropy")
+@register("entropy", tasks=("classification",), summary="Entropy: largest predictive entropy", inputs=("probs",))
 def entropy(problem: Problem) -> StrategyOutput:
     """Entropy sampling: candidates with the largest ``-sum_c p_c log p_c`` first (``0 log 0 = 0``).
 
@@ -239,7 +247,7 @@ def entropy(problem: Problem) -> StrategyOutput:
     return _rank(problem, -torch.special.xlogy(P, P).sum(dim=1), descending=True)
 
 
-@register("random", tasks=("classification", "regression"), summary="Uniform sampling without replacement")
+@register("random", tasks=("classification", "regression"), summary="Uniform sampling without replacement", inputs=())
 def random(problem: Problem) -> StrategyOutput:
     """Uniform sampling without replacement from the candidates.
 

@@ -105,18 +105,31 @@ class Strategy:
     fn: StrategyFn
     tasks: frozenset[str]
     summary: str
+    inputs: frozenset[str] = frozenset(("embeddings", "probs"))
 
+
+# What a strategy may read besides the design: "embeddings" (the geometry of X), "probs" (class
+# probabilities). A strategy without "probs" accepts probs=None; one with neither (random) needs no model.
+INPUTS = frozenset(("embeddings", "probs"))
 
 REGISTRY: dict[str, Strategy] = {}
 
 
-def register(name: str, tasks: tuple[str, ...], summary: str) -> Callable[[StrategyFn], StrategyFn]:
-    """Register ``fn(problem, *, **params) -> StrategyOutput`` under ``name`` for ``tasks``."""
+def register(
+    name: str, tasks: tuple[str, ...], summary: str, inputs: tuple[str, ...] = ("embeddings", "probs")
+) -> Callable[[StrategyFn], StrategyFn]:
+    """Register ``fn(problem, *, **params) -> StrategyOutput`` under ``name`` for ``tasks``.
+
+    ``inputs`` names what the strategy reads (a subset of :data:`INPUTS`); callers use it to skip
+    work the strategy does not need (``probs=None`` is accepted when ``"probs"`` is not among them).
+    """
+    if not set(inputs) <= INPUTS:
+        raise RuntimeError(f"strategy {name!r}: unknown inputs {sorted(set(inputs) - INPUTS)}")
 
     def deco(fn: StrategyFn) -> StrategyFn:
         if name in REGISTRY:
             raise RuntimeError(f"strategy {name!r} registered twice")
-        REGISTRY[name] = Strategy(name=name, fn=fn, tasks=frozenset(tasks), summary=summary)
+        REGISTRY[name] = Strategy(name=name, fn=fn, tasks=frozenset(tasks), summary=summary, inputs=frozenset(inputs))
         return fn
 
     return deco

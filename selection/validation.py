@@ -170,13 +170,15 @@ def check_embeddings(X: torch.Tensor) -> None:
         )
 
 
-def check_probs(P: torch.Tensor | None, n: int, task: str) -> torch.Tensor | None:
+def check_probs(P: torch.Tensor | None, n: int, task: str, required: bool = True) -> torch.Tensor | None:
     """Check class probabilities against the task and return them with rows renormalised.
 
     Args:
         P: ``n x k`` probabilities or ``None``.
         n: number of pool rows.
         task: ``"classification"`` or ``"regression"``.
+        required: whether the strategy reads probabilities; if not, ``None`` is accepted for
+            classification (given probabilities are still validated).
 
     Returns:
         ``n x k`` probabilities whose rows sum to 1 exactly (classification), or ``None``.
@@ -193,6 +195,8 @@ def check_probs(P: torch.Tensor | None, n: int, task: str) -> torch.Tensor | Non
             )
         return None
     if P is None:
+        if not required:
+            return None
         raise InputDataError("classification needs probs: an n x k array of predicted class probabilities")
     if P.ndim != 2:
         raise InputDataError(f"probs must be a 2-D array (n rows x k classes), got shape {tuple(P.shape)}")
@@ -306,6 +310,7 @@ def build_problem(
     dtype: Any,
     chunk_size: Any,
     progress: Callable[[int, int], None] | None,
+    needs_probs: bool = True,
 ) -> Problem:
     """Convert and validate everything :func:`selection.select` receives into a :class:`Problem`.
 
@@ -321,6 +326,7 @@ def build_problem(
         dtype: see :func:`resolve_dtype`.
         chunk_size: positive rows per chunk, or ``None`` for the default.
         progress: ``None`` or ``callback(done, total)``.
+        needs_probs: whether the strategy reads ``probs`` (if not, classification accepts ``None``).
 
     Returns:
         The validated problem.
@@ -345,7 +351,7 @@ def build_problem(
     check_embeddings(X)
     n = int(X.shape[0])
     P = None if probs is None else to_tensor(as_array("probs", probs), dtype=dt, device=dev)
-    P = check_probs(P, n, task_)
+    P = check_probs(P, n, task_, required=needs_probs)
 
     lab = resolve_indices("labeled", labeled, n, dev)
     res = resolve_indices("reserved", reserved, n, dev)

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import selection
 from selection.errors import SelectionError
-from selection.heads import HeadConfig, load_checkpoint, save_checkpoint, train_head
+from selection.heads import HeadConfig, TrainedHead, load_checkpoint, save_checkpoint, train_head
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.store import batches as store
@@ -232,20 +232,27 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
     tracker.write(data.n, data.n)
     timings["load"] = time.perf_counter() - t0
 
-    # train: from scratch on the labeled rows, seeded per batch
-    t = time.perf_counter()
-    tracker.stage("train", 0, config.max_epochs)
-    trained = train_head(config, data.X[data.labeled], data.y, device=device, seed=spec.seed, progress=tracker.callback)
-    timings["train"] = time.perf_counter() - t
+    trained: TrainedHead | None = None
+    features: Any = data.X
+    probs: Any = None
+    if selection.STRATEGIES[spec.strategy].inputs:
+        # train: from scratch on the labeled rows, seeded per batch
+        t = time.perf_counter()
+        tracker.stage("train", 0, config.max_epochs)
+        trained = train_head(
+            config, data.X[data.labeled], data.y, device=device, seed=spec.seed, progress=tracker.callback
+        )
+        timings["train"] = time.perf_counter() - t
 
-    # embed: penultimate features (BAIT's embedding) and probabilities of every row
-    t = time.perf_counter()
-    tracker.stage("embed", 0, data.n)
-    out = head_predict(trained, data.X)
-    features = out.features
-    probs = out.probs if task == "classification" else None
-    tracker.write(data.n, data.n)
-    timings["embed"] = time.perf_counter() - t
+        # embed: penultimate features (BAIT's embedding) and probabilities of every row
+        t = time.perf_counter()
+        tracker.stage("embed", 0, data.n)
+        out = head_predict(trained, data.X)
+        features = out.features
+        probs = out.probs if task == "classification" else None
+        tracker.write(data.n, data.n)
+        timings["embed"] = time.perf_counter() - t
+    # else: the strategy reads no model output (random): no head is trained, no checkpoint stored.
 
     # select, then reserve; re-select when a concurrent batch took some of the chosen items
     labeled, reserved = data.labeled, data.reserved
@@ -291,7 +298,7 @@ def _store_batch(
     spec: _BatchSpec,
     factory: sessionmaker[Session],
     data: PoolArrays,
-    trained: Any,
+    trained: TrainedHead | None,
     result: Any,
     timings: dict[str, float],
     retry: int,
@@ -301,7 +308,7 @@ def _store_batch(
     """Reserve the chosen items and write checkpoint + result in one transaction (all or nothing)."""
     rows = np.asarray(result.indices, dtype=np.int64)
     chosen_ids = data.item_ids[rows]
-    weights = save_checkpoint(trained)
+    weights = None if trained is None else save_checkpoint(trained)
     with session_scope(factory) as s:
         store.lock_pool(s, spec.pool_id)  # one reservation at a time per pool: fewer conflicts
         batch = store.get_batch_by_id(s, spec.batch_id, for_update=True)
@@ -313,18 +320,20 @@ def _store_batch(
         )
         if n != len(chosen_ids):
             raise ReservationConflict()  # rolls the partial reservation back
-        checkpoint = Checkpoint(
-            pool_id=spec.pool_id,
-            batch_id=spec.batch_id,
-            round=store.count_checkpoints(s, spec.pool_id) + 1,
-            n_labels=int(data.labeled.shape[0]),
-            config=trained.config.to_dict(),
-            metrics=dict(trained.metrics),
-            weights=weights,
-            created_at=now,
-        )
-        s.add(checkpoint)
-        s.flush()
+        checkpoint = None
+        if trained is not None and weights is not None:
+            checkpoint = Checkpoint(
+                pool_id=spec.pool_id,
+                batch_id=spec.batch_id,
+                round=store.count_checkpoints(s, spec.pool_id) + 1,
+                n_labels=int(data.labeled.shape[0]),
+                config=trained.config.to_dict(),
+                metrics=dict(trained.metrics),
+                weights=weights,
+                created_at=now,
+            )
+            s.add(checkpoint)
+            s.flush()
         end = time.perf_counter()
         timings["store"] += end - started[1]  # without the commit itself
         timings["total"] = end - started[0]
@@ -334,7 +343,7 @@ def _store_batch(
             {
                 "timings": timings,
                 "selection": result.diagnostics,
-                "head": dict(trained.metrics),
+                "head": None if trained is None else dict(trained.metrics),
                 "n_pool": data.n,
                 "n_labeled": int(data.labeled.shape[0]),
                 "n_reserved_by_others": int(data.reserved.shape[0]),
@@ -343,7 +352,7 @@ def _store_batch(
                 "seed": spec.seed,
             }
         )
-        batch.checkpoint_id = checkpoint.id
+        batch.checkpoint_id = None if checkpoint is None else checkpoint.id
         batch.status = "succeeded"
         batch.progress_stage = "done"
         batch.progress_done = len(rows)

@@ -125,8 +125,10 @@ def validate(inp: SelectInput) -> tuple[dict[str, Any], dict[str, np.ndarray], i
             f"got {size}",
             details={"available": int(candidates)},
         )
-    if inp.task == "classification" and "probs" not in arrays:
-        raise BadRequest("classification needs probs: an n x k array of predicted class probabilities")
+    if inp.task == "classification" and "probs" not in arrays and "probs" in spec.inputs:
+        raise BadRequest(
+            f"classification with {spec.name!r} needs probs: an n x k array of predicted class probabilities"
+        )
     request = {"batch_size": int(size), "task": inp.task, "params": params, "n": n, "d": d, "k": k}
     return {"strategy": spec.name, **request}, arrays, int(n * d * max(k, 1))
 

@@ -41,10 +41,18 @@ class StrategySpec:
     tasks: tuple[str, ...]
     summary: str
     params: dict[str, Param] = field(default_factory=dict)
+    # What the strategy reads besides the design: "embeddings" and/or "probs" (none: no model needed).
+    inputs: tuple[str, ...] = ("embeddings", "probs")
 
 
-def _spec(name: str, tasks: tuple[str, ...], summary: str, **params: tuple[str, Any]) -> StrategySpec:
-    return StrategySpec(name, tasks, summary, {k: Param(a, d) for k, (a, d) in params.items()})
+def _spec(
+    name: str,
+    tasks: tuple[str, ...],
+    summary: str,
+    inputs: tuple[str, ...] = ("embeddings", "probs"),
+    **params: tuple[str, Any],
+) -> StrategySpec:
+    return StrategySpec(name, tasks, summary, {k: Param(a, d) for k, (a, d) in params.items()}, inputs)
 
 
 CATALOG: dict[str, StrategySpec] = {
@@ -78,13 +86,14 @@ CATALOG: dict[str, StrategySpec] = {
             approx_dim=("int | None", None),
             max_memory_gb=("float", 8.0),
         ),
-        _spec("confidence", CLASSIFICATION, "Least confidence: smallest max probability"),
+        _spec("confidence", CLASSIFICATION, "Least confidence: smallest max probability", ("probs",)),
         _spec(
             "coreset",
             BOTH,
             "Core-set: greedy k-center on embeddings, distances to labeled, reserved and chosen rows",
+            ("embeddings",),
         ),
-        _spec("entropy", CLASSIFICATION, "Entropy: largest predictive entropy"),
+        _spec("entropy", CLASSIFICATION, "Entropy: largest predictive entropy", ("probs",)),
         _spec(
             "logdet_fisher",
             CLASSIFICATION,
@@ -101,8 +110,8 @@ CATALOG: dict[str, StrategySpec] = {
             "Greedy log-det maximisation on BADGE gradient embeddings (paper appendix, rank-1 Fisher)",
             lam=("float", 1.0),
         ),
-        _spec("margin", CLASSIFICATION, "Margin: smallest gap between the top two probabilities"),
-        _spec("random", BOTH, "Uniform sampling without replacement"),
+        _spec("margin", CLASSIFICATION, "Margin: smallest gap between the top two probabilities", ("probs",)),
+        _spec("random", BOTH, "Uniform sampling without replacement", ()),
     )
 }
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from selection import (
+    STRATEGIES,
     InputDataError,
     ParameterError,
     SelectionError,
@@ -148,6 +149,21 @@ def test_rejects_missing_probs_for_classification():
     X, _ = pool()
     with pytest.raises(InputDataError, match="classification needs probs"):
         select("margin", embeddings=X, batch_size=2)
+
+
+@pytest.mark.parametrize("strategy", ["random", "coreset"])
+def test_strategies_that_read_no_probs_accept_none_for_classification(strategy):
+    X, P = pool()
+    without = select(strategy, embeddings=X, batch_size=4, seed=3)
+    with_probs = select(strategy, embeddings=X, probs=P, batch_size=4, seed=3)
+    np.testing.assert_array_equal(without.indices, with_probs.indices)
+    assert "probs" not in STRATEGIES[strategy].inputs
+
+
+def test_probs_are_still_checked_when_the_strategy_ignores_them():
+    X, _ = pool()
+    with pytest.raises(InputDataError, match="sum to 1"):
+        select("random", embeddings=X, probs=np.full((20, 3), 0.5), batch_size=2)
 
 
 def test_rejects_probs_for_regression():

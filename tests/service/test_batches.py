@@ -33,7 +33,7 @@ def count_rows(db: sessionmaker[Session], model: Any) -> int:
         return int(s.execute(select(func.count()).select_from(model)).scalar_one())
 
 
-@pytest.mark.parametrize("strategy", ["bait", "random"])
+@pytest.mark.parametrize("strategy", ["bait", "confidence", "random"])
 def test_batch_lifecycle_selects_distinct_unlabeled_items(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any, strategy: str
 ) -> None:
@@ -54,15 +54,20 @@ def test_batch_lifecycle_selects_distinct_unlabeled_items(
     assert batch["progress"] == {"stage": "done", "done": 20, "total": 20}
     assert batch["attempts"] == 1 and batch["finished_at"] is not None
     timings = batch["diagnostics"]["timings"]
-    assert {"load", "train", "embed", "select", "store", "total"} <= set(timings)
     assert batch["diagnostics"]["selection"]["strategy"] == strategy
+    # the items are now reserved by this batch
+    states = item_states(db, pool.pool_id)
+    assert all(states[i] == ("reserved", batch["id"]) for i in ids)
+    if strategy == "random":  # reads no model output: no head trained, no checkpoint
+        assert {"load", "select", "store", "total"} <= set(timings) and "train" not in timings
+        assert batch["checkpoint_id"] is None and batch["diagnostics"]["head"] is None
+        assert client.get(f"/v1/pools/{pool.pool_id}/checkpoints", headers=auth).json()["checkpoints"] == []
+        return
+    assert {"load", "train", "embed", "select", "store", "total"} <= set(timings)
     if strategy == "bait":
         assert isinstance(batch["objective"], float)
     else:
         assert batch["objective"] is None
-    # the items are now reserved by this batch
-    states = item_states(db, pool.pool_id)
-    assert all(states[i] == ("reserved", batch["id"]) for i in ids)
     # the checkpoint is stored and listed
     cps = client.get(f"/v1/pools/{pool.pool_id}/checkpoints", headers=auth).json()["checkpoints"]
     assert [c["id"] for c in cps] == [batch["checkpoint_id"]]
@@ -259,7 +264,7 @@ def test_cancel_running_batch_stops_it_and_reserves_nothing(
     with session_scope(db) as s:
         for i, item in enumerate(s.execute(select(Item).where(Item.status == "labeled")).scalars()):
             item.label = ["ant", "bee", "cat"][(i * 7919) % 3]
-    created = post_batch(client, auth, pool.pool_id, size=10, strategy="random").json()
+    created = post_batch(client, auth, pool.pool_id, size=10, strategy="confidence").json()
     seen: list[dict[str, Any]] = []
 
     def cancel_when_training() -> None:

@@ -29,7 +29,7 @@ def test_checkpoints_empty_then_one_per_batch(
     assert r.status_code == 200 and r.json() == {"checkpoints": []}
     ids = []
     for _ in range(2):
-        ids.append(post_batch(client, auth, pool.pool_id, size=4, strategy="random").json()["id"])
+        ids.append(post_batch(client, auth, pool.pool_id, size=4, strategy="confidence").json()["id"])
         run_jobs()
     cps = client.get(f"/v1/pools/{pool.pool_id}/checkpoints", headers=auth).json()["checkpoints"]
     assert [c["round"] for c in cps] == [2, 1]
@@ -48,7 +48,7 @@ def test_predictions_reject_unknown_items(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
 ) -> None:
     pool = make_pool(db, n=20, n_labeled=5)
-    post_batch(client, auth, pool.pool_id, size=2, strategy="random")
+    post_batch(client, auth, pool.pool_id, size=2, strategy="confidence")
     run_jobs()
     r = client.post(f"/v1/pools/{pool.pool_id}/predictions", json={"item_ids": ["item-00001", "nope"]}, headers=auth)
     assert r.status_code == 400 and "1 item id(s) not in pool" in r.json()["error"]["message"]
@@ -59,7 +59,7 @@ def test_predictions_give_class_probabilities_of_latest_checkpoint(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
 ) -> None:
     pool = make_pool(db, n=120, n_labeled=60, head={"kind": "linear", "max_epochs": 300})
-    created = post_batch(client, auth, pool.pool_id, size=5, strategy="random").json()
+    created = post_batch(client, auth, pool.pool_id, size=5, strategy="confidence").json()
     run_jobs()
     batch = get_batch(client, auth, pool.pool_id, created["id"])
     asked = pool.external_ids[60:120]
@@ -85,7 +85,7 @@ def test_predictions_of_regression_pool_give_targets(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
 ) -> None:
     pool = make_pool(db, n=40, n_labeled=20, task="regression")
-    post_batch(client, auth, pool.pool_id, size=3, strategy="random")
+    post_batch(client, auth, pool.pool_id, size=3, strategy="coreset")
     run_jobs()
     r = _while_jobs_run(
         run_jobs,

@@ -175,7 +175,7 @@ X3 = [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
         ),
         ({"strategy": "margin", "batch_size": 1, "task": "regression", "embeddings": X3}, "strategies for regression"),
         ({"strategy": "best", "batch_size": 1, "embeddings": X3}, "unknown strategy 'best'"),
-        ({"strategy": "random", "batch_size": 1, "embeddings": X3}, "classification needs probs"),
+        ({"strategy": "margin", "batch_size": 1, "embeddings": X3}, "classification with 'margin' needs probs"),
         ({"strategy": "random", "batch_size": 1, "embeddings": X3, "params": {"k": 1}}, "unknown parameter(s) 'k'"),
         ({"strategy": "random", "batch_size": 1, "embeddings": X3, "task": "ranking"}, "task must be one of"),
         ({"strategy": "random", "batch_size": 1, "embeddings": X3, "extra": 1}, "unknown field(s) ['extra']"),

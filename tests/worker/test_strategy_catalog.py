@@ -34,6 +34,7 @@ def test_catalog_entry_matches_strategy_signature(name: str) -> None:
     info = selection.STRATEGIES[name]
     assert spec.tasks == info.tasks
     assert spec.summary == info.summary
+    assert tuple(sorted(spec.inputs)) == info.inputs
     expected = _signature_params(name)
     got = {k: (p.annotation, p.default) for k, p in spec.params.items()}
     assert got == expected

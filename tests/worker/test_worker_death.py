@@ -42,7 +42,7 @@ def _make_slow_pool(db: sessionmaker[Session]) -> str:
 def _create_batch(db: sessionmaker[Session], pool_id: str) -> str:
     """A queued batch row (as POST /batches writes it); the caller submits the job."""
     with session_scope(db) as s:
-        batch = Batch(pool_id=pool_id, size=25, strategy="random", params={}, status="queued", attempts=0)
+        batch = Batch(pool_id=pool_id, size=25, strategy="confidence", params={}, status="queued", attempts=0)
         s.add(batch)
         s.flush()
         return batch.id
