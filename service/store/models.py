@@ -130,6 +130,11 @@ class Item(Base):
     status: Mapped[str] = mapped_column(String(16), default="unlabeled")  # unlabeled | reserved | labeled
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", ondelete="SET NULL"))
     reserved_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    text: Mapped[str | None] = mapped_column(Text)  # inline text for text encoders
+    # Embedding lifecycle for items given by reference (uri/text): ready | pending | error.
+    embedding_status: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
+    embedding_error: Mapped[str | None] = mapped_column(Text)
+    embedding_source: Mapped[str | None] = mapped_column(String(200))  # encoder name@version that produced it
     label: Mapped[Any | None] = mapped_column(JSON)  # current label: class name (str) or target list
     labeled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -214,4 +219,110 @@ class SelectJob(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Integration(Base):
+    """A pool's connection to an annotation platform (Label Studio). The API token is stored encrypted;
+    ``secret_hash`` authenticates Label Studio's calls to the per-integration ML-backend URL."""
+
+    __tablename__ = "integrations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # labelstudio
+    url: Mapped[str] = mapped_column(Text)
+    token_encrypted: Mapped[bytes] = mapped_column(LargeBinary)
+    project_id: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # id field, result mapping, options
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_synced_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+
+class TaskLink(Base):
+    """One item imported as one task of an integration's project (never imported twice)."""
+
+    __tablename__ = "task_links"
+    __table_args__ = (
+        UniqueConstraint("integration_id", "item_id"),
+        Index("ix_task_links_task", "integration_id", "task_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    integration_id: Mapped[str] = mapped_column(ForeignKey("integrations.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    task_id: Mapped[int] = mapped_column(BigInteger)
+    batch_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookEndpoint(Base):
+    """An outgoing callback URL of a pool, with the secret its deliveries are signed with."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret_encrypted: Mapped[bytes] = mapped_column(LargeBinary)
+    events: Mapped[list[Any]] = mapped_column(JSON)  # e.g. ["batch.succeeded", "batch.failed"]
+    active: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event to one endpoint: retried with backoff, every attempt's outcome logged."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), index=True)
+    event: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | succeeded | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    log: Mapped[list[Any]] = mapped_column(JSON, default=list)  # [{"at", "status_code", "error", "seconds"}]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class EncoderModel(Base):
+    """A user-uploaded encoder (TorchScript module bytes), stored like checkpoints, size-limited."""
+
+    __tablename__ = "encoder_models"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(32))  # torchscript
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # input layout, normalisation, output dim
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class EmbedJob(Base):
+    """Computing embeddings of a pool's referenced items (uri/text) with the pool's encoder."""
+
+    __tablename__ = "embed_jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    progress_stage: Mapped[str | None] = mapped_column(String(64))
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    counts: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {"embedded", "errors", "skipped"}
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
