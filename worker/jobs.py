@@ -108,11 +108,16 @@ class Tracker:
         while not self._done.wait(self.heartbeat_s):
             try:
                 with session_scope(self.factory) as s:
-                    if not store.touch_batch(s, self.batch_id, self.attempt, utcnow()):
+                    if not self._touch(s, None):
                         self._stopped.set()
                         return
             except Exception:  # a missed heartbeat is not fatal; the next one may pass
                 log.warning("heartbeat of batch %s failed", self.batch_id, exc_info=True)
+
+    def _touch(self, s: Session, progress: tuple[str, int, int] | None) -> bool:
+        """Heartbeat (and progress) of this attempt; False when the job is no longer its to run.
+        Subclasses track other job tables (:class:`worker.embed.EmbedTracker`)."""
+        return store.touch_batch(s, self.batch_id, self.attempt, utcnow(), progress)
 
     def check(self) -> None:
         if self._stopped.is_set():
@@ -122,7 +127,7 @@ class Tracker:
         """Write progress now; raise :class:`Stopped` if the batch was cancelled or taken over."""
         self.check()
         with session_scope(self.factory) as s:
-            ok = store.touch_batch(s, self.batch_id, self.attempt, utcnow(), (self.stage_name, int(done), int(total)))
+            ok = self._touch(s, (self.stage_name, int(done), int(total)))
         self._last_write = time.monotonic()
         if not ok:
             self._stopped.set()
