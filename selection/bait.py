@@ -127,7 +127,10 @@ def _check_fisher_weights(weights: Any, problem: Problem) -> Tensor | None:
     if weights is None:
         return None
     try:
-        w = torch.as_tensor(np.asarray(weights, dtype=np.float64)).to(problem.device)
+        if isinstance(weights, torch.Tensor):
+            w = weights.detach().to(device=problem.device, dtype=torch.float64)
+        else:
+            w = torch.as_tensor(np.asarray(weights, dtype=np.float64)).to(problem.device)
     except (TypeError, ValueError) as exc:
         raise ParameterError(f"fisher_weights must be a numeric array of length n: {exc}") from exc
     if w.ndim != 1 or w.shape[0] != problem.n:
@@ -157,8 +160,10 @@ def estimate_bytes(
     mats = n_mats * big_d * big_d * mb
     if sb != mb:
         mats += (1 if mode == "logdet" else 2) * big_d * big_d * sb
-    per_cand = d + (2 if mode == "logdet" else 3) * r * r
-    return int(mats + n_cand * per_cand * sb)
+    per_cand = (d + (2 if mode == "logdet" else 3) * r * r) * sb
+    if r == 1:
+        per_cand += 3 * 8  # float64 state (rank one)
+    return int(mats + n_cand * per_cand)
 
 
 def _choose_matrix_dtype(problem: Problem, x_dim: int, r: int, mode: Mode, budget_gb: float) -> torch.dtype:
@@ -261,13 +266,18 @@ class _Bait:
         self.n, self.d = int(x.shape[0]), int(x.shape[1])
         self.r = reduced_rank(problem.probs)
         # Per-candidate state dtype. Rank-one problems (regression, binary) keep theirs in float64:
-        # g and h are then n scalars, the step is one streaming read of X either way, and float32
-        # state drifts most there (g = x^T P x cancels as P shrinks; notes sec. 3).
+        # g and h are then n scalars, and float32 state drifts most there (g = x^T P x cancels as P
+        # shrinks; notes sec. 3). Their per-step GEMV still reads X in its own dtype: a float64 copy
+        # made it exact in our tests but cost 1.5-2x per step; float32 GEMVs left objective gaps
+        # of at most ~2 % at lam = 0.01 (tests/selection/test_bait.py pins 3 %).
         self.sdt = torch.float64 if self.r == 1 else x.dtype
         self.big_d = self.r * self.d
         self.rtol = _TIE_RTOL.get(self.sdt, 1e-5)
         cand_bytes = max(1, (self.d + 4 * self.r * self.r) * torch.finfo(self.sdt).bits // 8)
         self.step_chunk = max(64, min(problem.chunk_size, _STEP_CHUNK_BYTES // cand_bytes))
+        if self.r == 1:
+            # A rank-one step is a GEMV and a few vector ops: big chunks keep the op count small.
+            self.step_chunk = max(problem.chunk_size, 2**18)
         self.done = 0
         self.total = 0
 
@@ -472,14 +482,16 @@ class _Bait:
         """
         m = x.shape[0]
         r = g.shape[1]
-        t = x.to(blocks.dtype) @ blocks  # m x (r * c * r)
         if r == 1:
+            # Rank one: one streaming GEMV in the pool dtype; the (float64) state absorbs the result.
+            t = (x @ blocks.to(x.dtype)).to(g.dtype)  # m x c
             w = e[:, 0, 0] * t[:, 0]
             g[:, 0, 0] -= sigma * w * w
             if h is not None:
                 z = e[:, 0, 0] * t[:, 1]
                 h[:, 0, 0] -= (2.0 * sigma) * w * z
             return
+        t = x.to(blocks.dtype) @ blocks  # m x (r * c * r)
         c = 1 if h is None else 2
         wz = torch.bmm(e.transpose(1, 2), t.view(m, r, c * r))  # m x r x c r: [W | Z]
         w = wz[:, :, :r]
@@ -621,7 +633,7 @@ def _run(
                 ):
                     approx_dim -= 1
             basis, var_kept = fisher_pca_basis(x, problem.probs, weights, approx_dim, chunk_size=problem.chunk_size)
-            x = (x.to(torch.float64) @ basis).to(problem.dtype)
+            x = x @ basis.to(problem.dtype)  # n x approx_dim, in the pool dtype (no float64 copy of X)
             x_dim = approx_dim
             diag["approx_dim"] = approx_dim
             diag["approx_variance_kept"] = var_kept
