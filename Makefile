@@ -13,7 +13,7 @@ $(BIN)/bait: pyproject.toml
 	$(PY) -m venv $(VENV)
 	# torch first, pinned: a bare `torch` requirement would pull several GB of CUDA packages.
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,text]'
 	touch $(BIN)/bait
 
 install: $(BIN)/bait  ## create .venv with torch==2.13.0 and the project

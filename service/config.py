@@ -47,6 +47,22 @@ class Settings(BaseSettings):
         default=True, description="embedded mode: mint and print an API key on first start if none exists"
     )
     log_level: str = Field(default="INFO")
+    # Data references (issue 6): items given by uri/text are embedded by workers with the pool's encoder.
+    data_root: Path | None = Field(
+        default=None,
+        description="file:// references must lie under this folder (unset: file:// references are refused)",
+    )
+    allow_private_urls: bool = Field(
+        default=False,
+        description="let http(s):// references reach private, loopback and link-local addresses (operators only)",
+    )
+    max_download_bytes: int = Field(default=50 * 2**20, ge=1, description="largest http(s):// reference downloaded")
+    download_timeout_seconds: float = Field(default=20.0, gt=0, description="time limit of one http(s) download")
+    encode_batch_size: int = Field(default=64, ge=1, le=65536, description="inputs per encoder forward pass")
+    max_encoder_bytes: int = Field(
+        default=100 * 2**20, ge=1024, description="largest TorchScript encoder upload (stored in the database)"
+    )
+
 
     @field_validator("database_url")
     @classmethod

@@ -8,13 +8,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api import batches, checkpoints, health, items, labels, pools
+from service.api import embed_jobs as embed_jobs_api
+from service.api import encoders as encoders_api
 from service.api import select as select_api
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
 from service.domain.jobs import recover_jobs
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
-from service.middleware import BodySizeLimitMiddleware
+from service.middleware import UPLOAD_PATHS, BodySizeLimitMiddleware
 from service.migrate import check_schema
 from service.queue import make_queue
 
@@ -53,9 +55,14 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     install_error_handlers(app)
     for module in (health, pools, items, labels, batches, checkpoints, select_api):
         app.include_router(module.router)
+    app.include_router(encoders_api.router)
+    app.include_router(embed_jobs_api.router)
     # Outermost last: metrics see every response, including the body limit's 413s.
     app.add_middleware(
-        BodySizeLimitMiddleware, max_json_bytes=settings.max_json_bytes, max_upload_bytes=settings.max_upload_bytes
+        BodySizeLimitMiddleware,
+        max_json_bytes=settings.max_json_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+        upload_paths=(*UPLOAD_PATHS, encoders_api.UPLOAD_PATH),
     )
     app.state.metrics = Metrics(factory)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -12,10 +12,12 @@ from starlette.datastructures import UploadFile
 
 from service.api.schemas import ItemOut, ItemPage, ItemsUpsert, UpsertResult
 from service.deps import SessionDep, SettingsDep, TenantDep
+from service.domain import embedding as embedding_domain
 from service.domain import ingest
 from service.domain import items as items_domain
 from service.domain.pools import get_pool
 from service.errors import ERROR_RESPONSES, ErrorBody, InvalidFile
+from service.store.embedding import EmbeddingInfo
 from service.store.items import ItemRow
 from service.store.models import Pool
 
@@ -50,7 +52,7 @@ _BULK_BODY_DOC = {
 }
 
 
-def item_out(pool: Pool, row: ItemRow, include_embedding: bool) -> ItemOut:
+def item_out(pool: Pool, row: ItemRow, include_embedding: bool, info: EmbeddingInfo | None = None) -> ItemOut:
     fields: dict[str, Any] = {
         "id": row.external_id,
         "status": row.status,
@@ -64,25 +66,54 @@ def item_out(pool: Pool, row: ItemRow, include_embedding: bool) -> ItemOut:
         fields["target"] = row.label
     if include_embedding:
         fields["embedding"] = None if row.embedding is None else np.frombuffer(row.embedding, dtype="<f4").tolist()
+    if info is not None:
+        fields["embedding_status"] = info.status
+        if info.uri is not None:
+            fields["uri"] = info.uri
+        if info.status == "error":
+            fields["embedding_error"] = info.error
+        if info.source is not None:
+            fields["embedding_source"] = info.source
     # Only the fields set here are sent (label or target by the pool's task; embedding on request).
     return ItemOut(**fields)
 
 
 @router.post("/{pool}/items", response_model=UpsertResult, responses=ERROR_RESPONSES)
 def upsert_items(
-    pool: str, body: ItemsUpsert, session: SessionDep, tenant: TenantDep, settings: SettingsDep
+    pool: str, body: ItemsUpsert, request: Request, session: SessionDep, tenant: TenantDep, settings: SettingsDep
 ) -> UpsertResult:
     """Insert or update items by external id (idempotent). Re-sending an id replaces its embedding only;
-    its label, status and history stay."""
+    its label, status and history stay.
+
+    Items may be given by `uri` or `text` instead of `embedding`: the pool's encoder turns them into
+    embeddings in an embed job started after the request commits (`embed_job_id`; poll
+    `GET /v1/pools/{pool}/embed`). Until then they are `pending` and never selected."""
     p = get_pool(session, tenant.id, pool)
-    created, updated = items_domain.upsert_items(
-        session,
-        p,
-        [it.id for it in body.items],
-        [it.embedding for it in body.items],
-        settings.max_items_per_request,
-    )
-    return UpsertResult(created=created, updated=updated)
+    items_domain.check_ids([it.id for it in body.items])
+    direct = [it for it in body.items if it.embedding is not None]
+    refs = [it for it in body.items if it.embedding is None]
+    created = updated = 0
+    job_id: str | None = None
+    if direct:
+        created, updated = items_domain.upsert_items(
+            session,
+            p,
+            [it.id for it in direct],
+            [it.embedding or [] for it in direct],
+            settings.max_items_per_request,
+        )
+    if refs:
+        c, u, job_id = embedding_domain.upsert_references(
+            session,
+            request.app.state.queue,
+            p,
+            [it.id for it in refs],
+            [it.uri for it in refs],
+            [it.text for it in refs],
+            settings.max_items_per_request,
+        )
+        created, updated = created + c, updated + u
+    return UpsertResult(created=created, updated=updated, embed_job_id=job_id)
 
 
 @router.post(
@@ -154,13 +185,26 @@ def list_items(
     cursor: Annotated[str | None, Query(max_length=200, description="`next_cursor` of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     include_embedding: bool = False,
+    embedding_status: Annotated[
+        Literal["ready", "pending", "error"] | None,
+        Query(description="items given by reference: pending (not encoded yet) or error (see embedding_error)"),
+    ] = None,
 ) -> ItemPage:
     """Items in upload order, one page at a time; `next_cursor` is null on the last page."""
     p = get_pool(session, tenant.id, pool)
     rows, next_cursor = items_domain.list_items(
-        session, p, status=status, cursor=cursor, limit=limit, include_embedding=include_embedding
+        session,
+        p,
+        status=status,
+        cursor=cursor,
+        limit=limit,
+        include_embedding=include_embedding,
+        embedding_status=embedding_status,
     )
-    return ItemPage(items=[item_out(p, r, include_embedding) for r in rows], next_cursor=next_cursor)
+    info = items_domain.embedding_info(session, rows)
+    return ItemPage(
+        items=[item_out(p, r, include_embedding, info.get(r.internal_id)) for r in rows], next_cursor=next_cursor
+    )
 
 
 @router.get(
@@ -170,4 +214,6 @@ def get_item(
     pool: str, item_id: str, session: SessionDep, tenant: TenantDep, include_embedding: bool = False
 ) -> ItemOut:
     p = get_pool(session, tenant.id, pool)
-    return item_out(p, items_domain.get_item(session, p, item_id), include_embedding)
+    row = items_domain.get_item(session, p, item_id)
+    info = items_domain.embedding_info(session, [row])
+    return item_out(p, row, include_embedding, info.get(row.internal_id))

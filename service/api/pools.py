@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
 
-from service.api.schemas import PoolCounts, PoolCreate, PoolList, PoolOut
+from service.api.schemas import PoolCounts, PoolCreate, PoolList, PoolOut, PoolPatch
 from service.deps import SessionDep, TenantDep
+from service.domain import embedding as embedding_domain
 from service.domain import pools as pools_domain
 from service.errors import ERROR_RESPONSES
 
@@ -22,6 +23,7 @@ def pool_out(view: pools_domain.PoolView) -> PoolOut:
         n_outputs=p.n_outputs,
         embedding_dim=p.embedding_dim,
         head=p.head,
+        encoder=p.encoder,
         counts=PoolCounts(**view.counts),
         created_at=p.created_at,
     )
@@ -39,6 +41,7 @@ def create_pool(body: PoolCreate, session: SessionDep, tenant: TenantDep) -> Poo
         n_outputs=body.n_outputs,
         embedding_dim=body.embedding_dim,
         head=body.head.model_dump(exclude_none=True),
+        encoder=None if body.encoder is None else body.encoder.model_dump(exclude_none=True),
     )
     return pool_out(view)
 
@@ -51,6 +54,19 @@ def list_pools(session: SessionDep, tenant: TenantDep) -> PoolList:
 
 @router.get("/{pool}", response_model=PoolOut, responses=ERROR_RESPONSES)
 def get_pool(pool: str, session: SessionDep, tenant: TenantDep) -> PoolOut:
+    return pool_out(pools_domain.view_pool(session, tenant.id, pool))
+
+
+@router.patch("/{pool}", response_model=PoolOut, responses=ERROR_RESPONSES)
+def patch_pool(pool: str, body: PoolPatch, request: Request, session: SessionDep, tenant: TenantDep) -> PoolOut:
+    """Change the pool's `encoder`. Items given by reference (uri/text) are embedded again with the new
+    encoder by an embed job started after the change commits (until then they are pending and never
+    selected); items posted with embeddings are untouched."""
+    p = pools_domain.get_pool(session, tenant.id, pool)
+    if "encoder" in body.model_fields_set:
+        config = None if body.encoder is None else body.encoder.model_dump(exclude_none=True)
+        embedding_domain.set_encoder(session, request.app.state.queue, tenant.id, p, config)
+    session.flush()
     return pool_out(pools_domain.view_pool(session, tenant.id, pool))
 
 

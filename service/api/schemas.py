@@ -45,6 +45,7 @@ class PoolCreate(_Strict):
     n_outputs: int | None = Field(default=None, ge=1, le=100_000, description="number of targets (regression)")
     embedding_dim: int = Field(ge=1, le=65536)
     head: HeadConfigIn = Field(default_factory=HeadConfigIn)
+    encoder: EncoderConfigIn | None = Field(default=None, description="for items given by uri/text")
 
     @model_validator(mode="after")
     def _task_fields(self) -> PoolCreate:
@@ -69,6 +70,31 @@ class PoolCounts(BaseModel):
     unlabeled: int
     reserved: int
     labeled: int
+    embedding_ready: int = Field(default=0, description="items with an embedding (only these are selected)")
+    embedding_pending: int = Field(default=0, description="items given by reference, not encoded yet")
+    embedding_error: int = Field(default=0, description="items whose reference could not be encoded")
+
+
+class EncoderConfigIn(_Strict):
+    """The encoder that turns a pool's data references (uri/text) into embeddings."""
+
+    kind: Literal["identity", "text-minilm", "torchscript"] = Field(
+        description="identity: uri points at a stored .npy vector; text-minilm: all-MiniLM-L6-v2 (384-d); "
+        "torchscript: an uploaded module (model_id from POST /v1/encoders)"
+    )
+    model_id: Annotated[str, StringConstraints(min_length=1, max_length=32)] | None = None
+
+    @model_validator(mode="after")
+    def _model(self) -> EncoderConfigIn:
+        if (self.kind == "torchscript") != (self.model_id is not None):
+            raise ValueError("`model_id` is required with kind torchscript, and only with it")
+        return self
+
+
+class PoolPatch(_Strict):
+    encoder: EncoderConfigIn | None = Field(
+        description="the new encoder (null: none); items given by reference are embedded again"
+    )
 
 
 class PoolOut(BaseModel):
@@ -79,6 +105,7 @@ class PoolOut(BaseModel):
     n_outputs: int
     embedding_dim: int
     head: dict[str, object]
+    encoder: dict[str, object] | None = None
     counts: PoolCounts
     created_at: datetime
 
@@ -91,8 +118,22 @@ class PoolList(BaseModel):
 
 
 class ItemIn(_Strict):
+    """An item given by its embedding, or by a reference that the pool's encoder turns into one."""
+
     id: ExternalId
-    embedding: list[Number] = Field(description="embedding_dim numbers")
+    embedding: list[Number] | None = Field(default=None, description="embedding_dim numbers")
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = Field(
+        default=None, description="file:///path under the data root, or http(s)://; encoded by the pool's encoder"
+    )
+    text: Annotated[str, StringConstraints(min_length=1, max_length=100_000)] | None = Field(
+        default=None, description="inline text (text encoders)"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ItemIn:
+        if sum(v is not None for v in (self.embedding, self.uri, self.text)) != 1:
+            raise ValueError("give exactly one of `embedding`, `uri` or `text`")
+        return self
 
 
 class ItemsUpsert(_Strict):
@@ -102,6 +143,9 @@ class ItemsUpsert(_Strict):
 class UpsertResult(BaseModel):
     created: int
     updated: int
+    embed_job_id: str | None = Field(
+        default=None, description="the embed job that encodes the items given by reference (poll .../embed)"
+    )
 
 
 class ItemOut(BaseModel):
@@ -113,6 +157,12 @@ class ItemOut(BaseModel):
     reserved_until: datetime | None = None
     labeled_at: datetime | None = None
     embedding: list[float] | None = Field(default=None, description="only with include_embedding=true")
+    uri: str | None = Field(default=None, description="the item's data reference (items given by uri)")
+    embedding_status: Literal["ready", "pending", "error"] = Field(
+        default="ready", description="pending: not encoded yet; error: see embedding_error (never selected)"
+    )
+    embedding_error: str | None = Field(default=None, description="why the reference could not be encoded")
+    embedding_source: str | None = Field(default=None, description="encoder name@version that computed it")
 
 
 class ItemPage(BaseModel):
@@ -157,3 +207,46 @@ class LabelEvent(BaseModel):
 class LabelHistory(BaseModel):
     item_id: str
     history: list[LabelEvent]
+
+
+# ------------------------------------------------------------------------------------------- encoders
+
+
+class TorchScriptInputConfig(_Strict):
+    """How the worker decodes inputs for an uploaded TorchScript module (stored with it)."""
+
+    input: Literal["image", "array"] = Field(
+        default="image",
+        description="image: Pillow-decoded, N x C x H x W float32, (pixel/255 - mean)/std; array: .npy, N x *shape",
+    )
+    image_mode: Literal["L", "RGB"] = Field(default="RGB", description="L: 1 channel, RGB: 3 channels")
+    image_size: tuple[Annotated[int, Field(ge=1, le=8192)], Annotated[int, Field(ge=1, le=8192)]] | None = Field(
+        default=None, description="[H, W] every image is resized to (bilinear); null: images must share a size"
+    )
+    mean: list[Number] | None = Field(default=None, description="per channel, subtracted after scaling to [0, 1]")
+    std: list[Number] | None = Field(default=None, description="per channel, divided by after the mean")
+    output_dim: int | None = Field(default=None, ge=1, le=65536, description="embedding size (checked against pools)")
+
+    @model_validator(mode="after")
+    def _channels(self) -> TorchScriptInputConfig:
+        c = 1 if self.image_mode == "L" else 3
+        for name, values in (("mean", self.mean), ("std", self.std)):
+            if values is not None and len(values) != c:
+                raise ValueError(f"`{name}` needs {c} value(s) for image_mode {self.image_mode}")
+        if self.std is not None and any(not v > 0 for v in self.std):
+            raise ValueError("`std` values must be positive")
+        return self
+
+
+class EncoderOut(BaseModel):
+    id: str
+    name: str
+    kind: str
+    config: dict[str, object]
+    size_bytes: int
+    sha256: str
+    created_at: datetime
+
+
+class EncoderList(BaseModel):
+    encoders: list[EncoderOut]

@@ -17,7 +17,9 @@ from sqlalchemy.orm import Session
 
 from service.domain import ingest
 from service.errors import DuplicateId, InvalidCursor, InvalidEmbedding, NotFound, TooManyItems, ValidationFailed
+from service.store import embedding as embedding_repo
 from service.store import items as items_repo
+from service.store.embedding import EmbeddingInfo
 from service.store.items import ItemRow
 from service.store.models import Pool
 
@@ -139,8 +141,10 @@ def list_items(
     cursor: str | None,
     limit: int,
     include_embedding: bool,
+    embedding_status: str | None = None,
 ) -> tuple[list[ItemRow], str | None]:
-    """One page of items in upload order, filtered by effective status; and the next page's cursor."""
+    """One page of items in upload order, filtered by effective status (and embedding status); and the
+    next page's cursor."""
     after = decode_cursor(cursor) if cursor else None
     rows = items_repo.page_items(
         session,
@@ -150,10 +154,16 @@ def list_items(
         after=after,
         limit=limit + 1,
         include_embedding=include_embedding,
+        embedding_status=embedding_status,
     )
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (encode_cursor(rows[-1].internal_id) if more else None)
+
+
+def embedding_info(session: Session, rows: Sequence[ItemRow]) -> dict[int, EmbeddingInfo]:
+    """Reference and embedding state of listed items (uri, embedding_status, error, source)."""
+    return embedding_repo.embedding_info(session, [r.internal_id for r in rows])
 
 
 def get_item(session: Session, pool: Pool, external_id: str) -> ItemRow:

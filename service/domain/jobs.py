@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db import session_scope
+from service.domain.embedding import recover_embed_jobs
 from service.queue import JobQueue, enqueue_on_commit
 from service.store import batches as store
 
@@ -87,6 +88,10 @@ def recover_jobs(factory: sessionmaker[Session], queue: JobQueue, settings: Sett
                     job.finished_at = now
                     job.arrays = None
                     report.failed.append(job.id)
+    embed = recover_embed_jobs(factory, queue, settings, assume_dead=assume_dead)
+    report.requeued += embed.requeued
+    report.failed += embed.failed
+    report.resubmitted += embed.resubmitted
     if report.requeued or report.failed or report.resubmitted:
         log.warning(
             "job recovery: re-queued %s, failed %s, resubmitted %s", report.requeued, report.failed, report.resubmitted

@@ -9,7 +9,9 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.domain.encoders import check_pool_encoder
 from service.errors import Conflict, NotFound
+from service.store import embedding as embedding_repo
 from service.store import items as items_repo
 from service.store import pools as pools_repo
 from service.store.models import Pool
@@ -39,6 +41,7 @@ def create_pool(
     n_outputs: int | None,
     embedding_dim: int,
     head: dict[str, Any],
+    encoder: dict[str, Any] | None = None,
 ) -> PoolView:
     """Create a pool; its name is unique per tenant (Conflict otherwise).
 
@@ -46,6 +49,7 @@ def create_pool(
     """
     if pools_repo.get_pool_by_name(session, tenant_id, name) is not None:
         raise Conflict(f"a pool named {name!r} already exists", {"name": name})
+    check_pool_encoder(session, tenant_id, encoder, embedding_dim)
     k = len(classes) if task == "classification" and classes is not None else int(n_outputs or 0)
     now = datetime.now(UTC)
     pool = Pool(
@@ -56,7 +60,7 @@ def create_pool(
         n_outputs=k,
         embedding_dim=embedding_dim,
         head=head,
-        encoder=None,
+        encoder=encoder,
         created_at=now,
         updated_at=now,
     )
@@ -68,15 +72,22 @@ def create_pool(
     return PoolView(pool, {"items": 0, "unlabeled": 0, "reserved": 0, "labeled": 0})
 
 
+def _counts(session: Session, pool_ids: list[str]) -> dict[str, dict[str, int]]:
+    """Counts by effective status, and by embedding status (``embedding_ready|pending|error``)."""
+    counts = items_repo.count_by_status(session, pool_ids, datetime.now(UTC))
+    for pid, by_embedding in embedding_repo.count_embedding_status(session, pool_ids).items():
+        counts[pid].update({f"embedding_{k}": v for k, v in by_embedding.items()})
+    return counts
+
+
 def view_pool(session: Session, tenant_id: str, pool_id: str) -> PoolView:
     pool = get_pool(session, tenant_id, pool_id)
-    counts = items_repo.count_by_status(session, [pool.id], datetime.now(UTC))[pool.id]
-    return PoolView(pool, counts)
+    return PoolView(pool, _counts(session, [pool.id])[pool.id])
 
 
 def list_pools(session: Session, tenant_id: str) -> list[PoolView]:
     pools = pools_repo.list_pools(session, tenant_id)
-    counts = items_repo.count_by_status(session, [p.id for p in pools], datetime.now(UTC))
+    counts = _counts(session, [p.id for p in pools])
     return [PoolView(p, counts[p.id]) for p in pools]
 
 

@@ -27,8 +27,12 @@ ACTIVE_BATCH = ("queued", "running")
 
 
 def available_clause(now: datetime) -> ColumnElement[bool]:
-    """Items that may be picked: unlabeled, or reserved by a reservation that has expired."""
-    return or_(Item.status == "unlabeled", and_(Item.status == "reserved", Item.reserved_until < now))
+    """Items that may be picked: unlabeled, or reserved by a reservation that has expired; and with an
+    embedding (items given by reference that are pending or in error are never picked)."""
+    return and_(
+        Item.embedding_status == "ready",
+        or_(Item.status == "unlabeled", and_(Item.status == "reserved", Item.reserved_until < now)),
+    )
 
 
 def reserved_clause(now: datetime) -> ColumnElement[bool]:
@@ -61,7 +65,8 @@ def lock_pool(session: Session, pool_id: str) -> None:
 
 
 def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterator[Sequence[Any]]:
-    """Every item of the pool ordered by id, in chunks of rows
+    """Every item of the pool with an embedding (``embedding_status = 'ready'``: items given by reference
+    that are pending or in error are left out) ordered by id, in chunks of rows
     ``(id, external_id, embedding bytes, status, reserved_until, label)``.
 
     On PostgreSQL the rows stream from a server-side cursor in binary format: ``bytea`` arrives as
@@ -75,7 +80,7 @@ def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterato
         try:
             cursor.execute(
                 "SELECT id, external_id, embedding, status, reserved_until, label FROM items "
-                "WHERE pool_id = %s ORDER BY id",
+                "WHERE pool_id = %s AND embedding_status = 'ready' AND embedding IS NOT NULL ORDER BY id",
                 (pool_id,),
             )
             while rows := cursor.fetchmany(chunk):
@@ -85,7 +90,7 @@ def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterato
         return
     stmt = (
         select(Item.id, Item.external_id, Item.embedding, Item.status, Item.reserved_until, Item.label)
-        .where(Item.pool_id == pool_id)
+        .where(Item.pool_id == pool_id, Item.embedding_status == "ready", Item.embedding.is_not(None))
         .order_by(Item.id)
         .execution_options(stream_results=True, yield_per=chunk)
     )

@@ -120,9 +120,11 @@ def _upsert_postgresql(
                 SELECT %(pool)s, external_id, embedding, NULL, 'unlabeled', %(now)s, %(now)s
                 FROM bait_item_upload ORDER BY ord
                 ON CONFLICT (pool_id, external_id) DO UPDATE
-                SET embedding = EXCLUDED.embedding, uri = NULL, updated_at = EXCLUDED.updated_at
+                SET embedding = EXCLUDED.embedding, uri = NULL, text = NULL, embedding_status = 'ready',
+                    embedding_error = NULL, embedding_source = NULL, updated_at = EXCLUDED.updated_at
                 -- re-sending identical embeddings (a retried upload) rewrites nothing
                 WHERE items.embedding IS DISTINCT FROM EXCLUDED.embedding OR items.uri IS NOT NULL
+                    OR items.text IS NOT NULL OR items.embedding_status <> 'ready'
                 RETURNING (xmax = 0) AS inserted
             )
             SELECT count(*) FILTER (WHERE inserted) FROM up
@@ -143,7 +145,15 @@ def _upsert_generic(
     stmt = sqlite_insert(table)
     stmt = stmt.on_conflict_do_update(
         index_elements=[table.c.pool_id, table.c.external_id],
-        set_={"embedding": stmt.excluded.embedding, "uri": None, "updated_at": stmt.excluded.updated_at},
+        set_={
+            "embedding": stmt.excluded.embedding,
+            "uri": None,
+            "text": None,
+            "embedding_status": "ready",
+            "embedding_error": None,
+            "embedding_source": None,
+            "updated_at": stmt.excluded.updated_at,
+        },
     )
     for start in range(0, len(external_ids), _SQLITE_UPSERT_CHUNK):
         stop = min(start + _SQLITE_UPSERT_CHUNK, len(external_ids))
@@ -213,11 +223,14 @@ def page_items(
     after: int | None = None,
     limit: int = 100,
     include_embedding: bool = False,
+    embedding_status: str | None = None,
 ) -> list[ItemRow]:
     """Items of a pool in internal-id order, after internal id ``after``, at most ``limit``."""
     q = select(*_item_columns(now, include_embedding)).where(Item.pool_id == pool_id)
     if status is not None:
         q = q.where(status_is(status, now))
+    if embedding_status is not None:
+        q = q.where(Item.embedding_status == embedding_status)
     if after is not None:
         q = q.where(Item.id > after)
     rows = session.execute(q.order_by(Item.id).limit(limit)).all()

@@ -1,0 +1,197 @@
+"""Embedding items given by reference: upserts of uri/text items, embed jobs, encoder changes, recovery.
+
+An embed job encodes every item of its pool that is ``pending`` (or ``ready`` from another encoder)
+with the pool's encoder. One waits per pool at most: a request that needs one while one is queued
+reuses it (it will see every pending item when it starts). Jobs start after the commit of the
+transaction that made items pending: on upserts of uri/text items, on ``POST .../embed`` (which also
+retries items in ``error``), and when the pool's encoder changes (everything is embedded again).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.db import session_scope
+from service.domain.encoders import accepts_text, check_pool_encoder
+from service.errors import BadRequest, NotFound, TooManyItems
+from service.queue import JobQueue, enqueue_on_commit
+from service.store import embedding as repo
+from service.store.models import EmbedJob, Pool
+
+log = logging.getLogger(__name__)
+
+RUN_EMBED = "worker.embed.run_embed"
+URI_SCHEMES = ("file", "http", "https")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class InvalidReference(BadRequest):
+    code = "invalid_reference"  # a uri of an unsupported scheme, text for a non-text encoder, no encoder
+
+
+def check_references(pool: Pool, ids: Sequence[str], uris: Sequence[str | None], texts: Sequence[str | None]) -> None:
+    """Refuse references the pool cannot encode, before anything is written."""
+    if not pool.encoder:
+        raise InvalidReference(
+            "the pool has no encoder: items given by `uri` or `text` need one "
+            '(PATCH /v1/pools/{pool} {"encoder": {"kind": ...}})'
+        )
+    if any(t is not None for t in texts) and not accepts_text(pool):
+        first = next(i for i, t in zip(ids, texts, strict=True) if t is not None)
+        raise InvalidReference(
+            f"item {first!r}: inline `text` needs the text-minilm encoder; the pool's is {pool.encoder.get('kind')!r}"
+        )
+    for ext, uri in zip(ids, uris, strict=True):
+        if uri is None:
+            continue
+        scheme = urlsplit(uri).scheme.lower()
+        if scheme not in URI_SCHEMES:
+            raise InvalidReference(
+                f"item {ext!r}: unsupported uri scheme {scheme or '(none)'!r}; use file://, http:// or https://",
+                {"id": ext},
+            )
+
+
+def upsert_references(
+    session: Session,
+    queue: JobQueue,
+    pool: Pool,
+    ids: Sequence[str],
+    uris: Sequence[str | None],
+    texts: Sequence[str | None],
+    max_items: int,
+) -> tuple[int, int, str | None]:
+    """Upsert items given by reference and start an embed job when some need encoding.
+
+    Returns:
+        ``(created, updated, embed job id or None)``.
+    """
+    if len(ids) > max_items:
+        raise TooManyItems(f"{len(ids)} items in one request; the limit is {max_items}", {"limit": max_items})
+    check_references(pool, ids, uris, texts)
+    created, updated, to_embed = repo.upsert_references(session, pool.id, ids, uris, texts, utcnow())
+    job = start_job(session, queue, pool) if to_embed else None
+    return created, updated, None if job is None else job.id
+
+
+def start_job(session: Session, queue: JobQueue, pool: Pool) -> EmbedJob:
+    """The pool's queued embed job, or a new one submitted on commit."""
+    job = repo.queued_job(session, pool.id)
+    if job is not None:
+        return job
+    job = repo.add_job(session, pool.id, utcnow())
+    enqueue_on_commit(session, queue, RUN_EMBED, job.id, job_id=job.id)
+    return job
+
+
+def request_job(session: Session, queue: JobQueue, pool: Pool) -> EmbedJob:
+    """``POST .../embed``: retry items in ``error`` and encode everything pending."""
+    if not pool.encoder:
+        raise InvalidReference("the pool has no encoder to embed with")
+    repo.mark_pending(session, pool.id, only_errors=True, now=utcnow())
+    return start_job(session, queue, pool)
+
+
+def set_encoder(
+    session: Session, queue: JobQueue, tenant_id: str, pool: Pool, config: dict[str, Any] | None
+) -> EmbedJob | None:
+    """Change the pool's encoder; every item given by reference is embedded again (a job is started
+    when there are any). Unchanged config: nothing happens."""
+    check_pool_encoder(session, tenant_id, config, int(pool.embedding_dim))
+    if (pool.encoder or None) == (config or None):
+        return None
+    pool.encoder = config
+    pool.updated_at = utcnow()
+    n = repo.mark_pending(session, pool.id, only_errors=False, now=utcnow())
+    if n and config:
+        return start_job(session, queue, pool)
+    return None
+
+
+def get_job(session: Session, pool: Pool, job_id: str | None) -> EmbedJob:
+    job = repo.latest_job(session, pool.id) if job_id is None else repo.get_job(session, pool.id, job_id)
+    if job is None:
+        raise NotFound("no embed job" if job_id is None else f"embed job {job_id!r} not found")
+    return job
+
+
+def list_jobs(session: Session, pool: Pool, limit: int) -> Sequence[EmbedJob]:
+    return repo.list_jobs(session, pool.id, limit)
+
+
+def job_view(job: EmbedJob) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "pool_id": job.pool_id,
+        "status": job.status,
+        "progress": {"stage": job.progress_stage, "done": job.progress_done, "total": job.progress_total},
+        "counts": job.counts or {},
+        "error": job.error,
+        "attempts": job.attempts,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
+
+
+@dataclass
+class EmbedRecovery:
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    resubmitted: list[str] = field(default_factory=list)
+
+
+def recover_embed_jobs(
+    factory: sessionmaker[Session], queue: JobQueue, settings: Settings, *, assume_dead: bool
+) -> EmbedRecovery:
+    """Re-queue (or fail, out of attempts) embed jobs whose worker died; resubmit lost queued ones.
+
+    Same rules as :func:`service.domain.jobs.recover_jobs` for batches: a running job whose heartbeat
+    is older than ``job_stale_seconds`` is dead. What it wrote stays (each chunk of items is committed
+    with its embeddings); the next attempt encodes what is still pending.
+    """
+    report = EmbedRecovery()
+    now = utcnow()
+    stale_before = now - timedelta(seconds=settings.job_stale_seconds)
+    grace_before = now - timedelta(seconds=min(settings.job_stale_seconds, 60.0))
+    with session_scope(factory) as session:
+        for job in repo.active_jobs(session):
+            if job.status == "queued":
+                if assume_dead or (job.created_at < grace_before and not queue.is_pending(job.id)):
+                    enqueue_on_commit(session, queue, RUN_EMBED, job.id, job_id=job.id)
+                    report.resubmitted.append(job.id)
+                continue
+            beat = job.heartbeat_at or job.started_at or job.created_at
+            if not (assume_dead or beat < stale_before):
+                continue
+            died = f"the worker running attempt {job.attempts} stopped responding (heartbeat {beat.isoformat()})"
+            if job.attempts < settings.job_max_attempts:
+                job.status = "queued"
+                job.progress_stage = "queued"
+                job.error = f"re-queued: {died}"
+                enqueue_on_commit(session, queue, RUN_EMBED, job.id, replace=True, job_id=job.id)
+                report.requeued.append(job.id)
+            else:
+                job.status = "failed"
+                job.error = f"{died}; gave up after {job.attempts} attempt(s)"
+                job.finished_at = now
+                report.failed.append(job.id)
+    if report.requeued or report.failed or report.resubmitted:
+        log.warning(
+            "embed job recovery: re-queued %s, failed %s, resubmitted %s",
+            report.requeued,
+            report.failed,
+            report.resubmitted,
+        )
+    return report
