@@ -47,6 +47,24 @@ class Settings(BaseSettings):
         default=True, description="embedded mode: mint and print an API key on first start if none exists"
     )
     log_level: str = Field(default="INFO")
+    secret_key: str | None = Field(
+        default=None,
+        description="encrypts Label Studio tokens and webhook secrets at rest (any string of 16+ characters); "
+        "required with PostgreSQL; embedded mode generates one in a 0600 file next to the SQLite database",
+    )
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, description="outgoing webhook request timeout")
+    webhook_max_attempts: int = Field(default=6, ge=1, description="outgoing webhook attempts before giving up")
+    webhook_backoff_seconds: float = Field(
+        default=5.0, gt=0, description="first retry delay of an outgoing webhook; doubles after each attempt"
+    )
+    webhook_sweep_seconds: float = Field(
+        default=5.0, gt=0, description="how often the api submits the job that retries due webhook deliveries"
+    )
+    labelstudio_timeout_seconds: float = Field(default=30.0, gt=0, description="HTTP timeout of calls to Label Studio")
+    public_url: str | None = Field(
+        default=None,
+        description="this service's URL as Label Studio reaches it; used to show the ML-backend URL of an integration",
+    )
     # Data references (issue 6): items given by uri/text are embedded by workers with the pool's encoder.
     data_root: Path | None = Field(
         default=None,
@@ -62,7 +80,6 @@ class Settings(BaseSettings):
     max_encoder_bytes: int = Field(
         default=100 * 2**20, ge=1024, description="largest TorchScript encoder upload (stored in the database)"
     )
-
 
     @field_validator("database_url")
     @classmethod

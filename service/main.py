@@ -7,13 +7,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api import batches, checkpoints, health, items, labels, pools
+from service.api import batches, checkpoints, health, integrations, items, labels, labelstudio_backend, pools, webhooks
 from service.api import embed_jobs as embed_jobs_api
 from service.api import encoders as encoders_api
 from service.api import select as select_api
 from service.config import Settings, get_settings
+from service.crypto import check_secret_key
 from service.db import make_engine, make_sessionmaker
 from service.domain.jobs import recover_jobs
+from service.domain.webhooks import SweepTicker
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
 from service.middleware import UPLOAD_PATHS, BodySizeLimitMiddleware
@@ -24,6 +26,7 @@ from service.queue import make_queue
 def create_app(settings: Settings | None = None, *, check_migrations: bool = True) -> FastAPI:
     """Build the app. Refuses to start (raises SchemaOutdated) on a schema behind the migrations."""
     settings = settings or get_settings()
+    check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
     engine = make_engine(settings)
     if check_migrations:
         check_schema(engine, settings.database_url)
@@ -33,6 +36,8 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         queue = make_queue(settings)
         queue.start()
+        ticker = SweepTicker(queue, settings.webhook_sweep_seconds)  # retries of outgoing webhooks
+        ticker.start()
         app.state.queue = queue
         if queue.mode == "inprocess":
             # Jobs left queued or running in the database belonged to a process that is gone.
@@ -40,6 +45,7 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
         try:
             yield
         finally:
+            ticker.stop()
             queue.stop()
             engine.dispose()
 
@@ -53,8 +59,9 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     app.state.engine = engine
     app.state.sessionmaker = factory
     install_error_handlers(app)
-    for module in (health, pools, items, labels, batches, checkpoints, select_api):
+    for module in (health, pools, items, labels, batches, checkpoints, select_api, integrations, webhooks):
         app.include_router(module.router)
+    app.include_router(labelstudio_backend.router)
     app.include_router(encoders_api.router)
     app.include_router(embed_jobs_api.router)
     # Outermost last: metrics see every response, including the body limit's 413s.

@@ -76,6 +76,7 @@ def settings(database_url: str, queue_name: str) -> Settings:
         queue_name=queue_name,
         print_bootstrap_key=False,
         device="cpu",
+        secret_key="test-secret-key-0123456789",  # required with PostgreSQL (encrypts tokens and secrets)
     )
 
 

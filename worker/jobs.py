@@ -205,9 +205,23 @@ def run_batch(batch_id: str) -> None:
             _run_batch(spec, factory, tracker, resolve_device(settings.device), settings.reservation_ttl_seconds)
     except Stopped:
         log.info("batch %s: stopped (cancelled or taken over); nothing written", batch_id)
+        return
     except Exception as exc:
         log.error("batch %s failed:\n%s", batch_id, traceback.format_exc())
         _fail_batch(factory, batch_id, attempt, describe_error(exc))
+    _after_batch(batch_id)
+
+
+def _after_batch(batch_id: str) -> None:
+    """Once the batch's outcome is committed: outgoing webhooks, then the Label Studio import and reconcile
+    of connected pools. Their failures are recorded on the deliveries and integrations, never on the run."""
+    from worker import labelstudio, webhooks
+
+    for follow_up in (webhooks.batch_finished, labelstudio.batch_finished):
+        try:
+            follow_up(batch_id)
+        except Exception:
+            log.exception("batch %s: %s failed", batch_id, follow_up.__module__)
 
 
 def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, message: str) -> None:

@@ -15,6 +15,7 @@ import threading
 import uuid
 
 from service.config import Settings
+from service.crypto import check_secret_key
 from service.domain.jobs import recover_jobs
 from service.queue import RQQueue
 from worker import context
@@ -40,6 +41,7 @@ def run(settings: Settings, burst: bool = False, name: str | None = None) -> int
     if not settings.redis_url:
         print("error: `bait worker` needs BAIT_REDIS_URL (without it `bait serve` runs jobs in-process)")
         return 2
+    check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
     env = context.configure(settings)
     queue = RQQueue(settings)
     device = resolve_device(settings.device)

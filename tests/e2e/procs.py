@@ -31,6 +31,7 @@ def bait_env(database_url: str, redis_url: str | None, queue_name: str, **extra:
         BAIT_DEVICE="cpu",
         BAIT_PRINT_BOOTSTRAP_KEY="false",
         BAIT_LOG_LEVEL="INFO",
+        BAIT_SECRET_KEY="e2e-secret-key-0123456789",
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
     )

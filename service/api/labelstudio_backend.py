@@ -1,0 +1,185 @@
+"""Routes: Label Studio's ML-backend protocol, one base URL per integration.
+
+Label Studio sends no bearer token to an ML backend, and the webhook it creates has no auth header, so
+these routes authenticate by the integration's secret instead of an API key, in either of two forms:
+
+- secret in the URL (paste it into Label Studio as is)::
+
+      <service>/labelstudio/<integration id>/<secret>/{health,setup,predict,webhook}
+
+- HTTP Basic (Label Studio's "Use basic authentication" option), password = the secret, any user name::
+
+      <service>/labelstudio/<integration id>/{health,setup,predict,webhook}
+
+The secret is returned once, when the integration is created; only its SHA-256 is stored. A wrong id
+or secret is a 401 with no hint which part is wrong. Serve the service over HTTPS when Label Studio
+reaches it across a network: the secret travels in the URL or the header.
+
+``/webhook`` answers 200 at once and queues the work (Label Studio waits one second and never retries);
+labels lost with a webhook come back with the next reconcile.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from service.deps import SessionDep, SettingsDep
+from service.domain import integrations as domain
+from service.errors import ERROR_RESPONSES, BadRequest
+from service.queue import JobQueue
+from service.store.models import Integration
+
+router = APIRouter(prefix="/labelstudio/{integration_id}", tags=["labelstudio ml backend"])
+
+
+class Health(BaseModel):
+    status: str = "UP"
+    model_class: str = "bait-service"
+
+
+class SetupOut(BaseModel):
+    model_version: str = Field(description="the pool's latest checkpoint id, or `untrained`")
+
+
+class PredictIn(BaseModel):
+    tasks: list[dict[str, Any]] = Field(default_factory=list)
+    project: str | None = None
+    label_config: str | None = None
+    params: dict[str, Any] | None = None
+
+
+class Prediction(BaseModel):
+    result: list[dict[str, Any]]
+    score: float
+    model_version: str
+
+
+class PredictOut(BaseModel):
+    results: list[Prediction] = Field(description="one prediction per task, in the order of `tasks`")
+
+
+def _basic_secret(authorization: str | None) -> str | None:
+    if not authorization or not authorization.lower().startswith("basic "):
+        return None
+    try:
+        decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return decoded.split(":", 1)[1] if ":" in decoded else None
+
+
+def _queue(request: Request) -> JobQueue:
+    q: JobQueue = request.app.state.queue
+    return q
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError as exc:
+        raise BadRequest("the body must be JSON") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def _health(session: Session, integration_id: str, secret: str | None) -> Health:
+    domain.authenticate(session, integration_id, secret)
+    return Health()
+
+
+def _setup(session: Session, integration: Integration) -> SetupOut:
+    return SetupOut(model_version=domain.model_version(session, integration))
+
+
+# -------------------------------------------------------------------------- secret in the URL
+
+
+@router.get("/{secret}/health", response_model=Health, responses=ERROR_RESPONSES)
+def health(integration_id: str, secret: str, session: SessionDep) -> Health:
+    return _health(session, integration_id, secret)
+
+
+@router.post("/{secret}/setup", response_model=SetupOut, responses=ERROR_RESPONSES)
+def setup(integration_id: str, secret: str, session: SessionDep) -> SetupOut:
+    return _setup(session, domain.authenticate(session, integration_id, secret))
+
+
+@router.post("/{secret}/predict", response_model=PredictOut, responses=ERROR_RESPONSES)
+def predict(
+    integration_id: str, secret: str, body: PredictIn, request: Request, session: SessionDep, settings: SettingsDep
+) -> PredictOut:
+    integration = domain.authenticate(session, integration_id, secret)
+    results = domain.predict(session, _queue(request), settings, integration, body.tasks)
+    return PredictOut(results=[Prediction(**r) for r in results])
+
+
+@router.post("/{secret}/webhook", responses=ERROR_RESPONSES)
+async def webhook(integration_id: str, secret: str, request: Request) -> dict[str, Any]:
+    return await _webhook(request, integration_id, secret)
+
+
+# -------------------------------------------------------------------------- HTTP Basic
+
+
+@router.get("/health", response_model=Health, responses=ERROR_RESPONSES)
+def health_basic(
+    integration_id: str, session: SessionDep, authorization: Annotated[str | None, Header()] = None
+) -> Health:
+    return _health(session, integration_id, _basic_secret(authorization))
+
+
+@router.post("/setup", response_model=SetupOut, responses=ERROR_RESPONSES)
+def setup_basic(
+    integration_id: str, session: SessionDep, authorization: Annotated[str | None, Header()] = None
+) -> SetupOut:
+    return _setup(session, domain.authenticate(session, integration_id, _basic_secret(authorization)))
+
+
+@router.post("/predict", response_model=PredictOut, responses=ERROR_RESPONSES)
+def predict_basic(
+    integration_id: str,
+    body: PredictIn,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> PredictOut:
+    integration = domain.authenticate(session, integration_id, _basic_secret(authorization))
+    results = domain.predict(session, _queue(request), settings, integration, body.tasks)
+    return PredictOut(results=[Prediction(**r) for r in results])
+
+
+@router.post("/webhook", responses=ERROR_RESPONSES)
+async def webhook_basic(
+    integration_id: str, request: Request, authorization: Annotated[str | None, Header()] = None
+) -> dict[str, Any]:
+    return await _webhook(request, integration_id, _basic_secret(authorization))
+
+
+async def _webhook(request: Request, integration_id: str, secret: str | None) -> dict[str, Any]:
+    """Authenticate, queue the work, answer at once (the session commits before the response)."""
+    payload = await _json_body(request)
+    from starlette.concurrency import run_in_threadpool
+
+    def handle() -> dict[str, Any]:
+        session: Session = request.app.state.sessionmaker()
+        try:
+            integration = domain.authenticate(session, integration_id, secret)
+            out = domain.handle_webhook(session, _queue(request), integration, payload)
+            session.commit()
+            return out
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    return await run_in_threadpool(handle)

@@ -1,0 +1,288 @@
+"""Label Studio integrations: connect a pool to a project, authenticate Label Studio's calls to our
+ML-backend routes, answer /setup and /predict, and queue the work its webhooks announce.
+
+Connecting checks everything before anything is stored: Label Studio is reachable, the token is
+accepted, the project exists, and the mapping fits its labeling config (see
+:func:`service.labelstudio.resolve_mapping`). The API token is stored Fernet-encrypted
+(:mod:`service.crypto`) and never returned. A random secret is generated per integration; its SHA-256 is
+stored and the secret is shown once, inside the ML-backend URL
+``<public url>/labelstudio/<integration id>/<secret>``.
+
+Webhook work is queued (Label Studio waits one second for an answer and never retries): annotation
+created/updated events become a ``worker.labelstudio.apply_annotation`` job, deletions a reconcile job
+(``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
+``START_TRAINING`` creates the next batch of the integration's configured size and strategy.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service import crypto
+from service.config import Settings
+from service.domain import batches as batches_domain
+from service.domain.pools import get_pool
+from service.errors import BadRequest, NotFound, ServiceError, Unauthorized
+from service.labelstudio import IntegrationConfig, LabelStudioClient, LabelStudioError, Mapping, resolve_mapping
+from service.queue import JobFailed, JobQueue, JobTimeout, enqueue_on_commit
+from service.store import batches as batches_repo
+from service.store import integrations as repo
+from service.store.models import Integration, Pool
+
+log = logging.getLogger(__name__)
+
+RECONCILE = "worker.labelstudio.reconcile"
+APPLY_ANNOTATION = "worker.labelstudio.apply_annotation"
+PREDICT = "worker.jobs.predict"
+ANNOTATION_EVENTS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
+DELETE_EVENTS = ("ANNOTATION_DELETED", "ANNOTATIONS_DELETED")
+
+
+class LabelStudioRejected(ServiceError):
+    """Label Studio answered, but refused (token, project, mapping)."""
+
+    status_code = 400
+    code = "labelstudio_error"
+
+
+class LabelStudioUnreachable(ServiceError):
+    status_code = 502
+    code = "labelstudio_unreachable"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_service_error(exc: LabelStudioError) -> ServiceError:
+    details = {"kind": exc.kind, "status_code": exc.status_code}
+    if exc.kind == "unreachable":
+        return LabelStudioUnreachable(exc.message, details)
+    return LabelStudioRejected(exc.message, details)
+
+
+@dataclass(frozen=True)
+class ConnectRequest:
+    url: str
+    token: str
+    project_id: int
+    config: IntegrationConfig
+    verify: bool = True
+
+
+def check_project(
+    settings: Settings, url: str, token: str, project_id: int, pool: Pool, config: IntegrationConfig
+) -> Mapping:
+    """Reach Label Studio, read the project, and resolve the mapping against its labeling config.
+
+    Raises:
+        LabelStudioError: unreachable, token rejected, no such project, or a mapping that does not fit.
+    """
+    with LabelStudioClient(url, token, timeout=settings.labelstudio_timeout_seconds) as ls:
+        project = ls.project(project_id)
+    return resolve_mapping(pool.task, pool.classes, pool.n_outputs, config, str(project.get("label_config") or ""))
+
+
+def connect_labelstudio(
+    session: Session, settings: Settings, tenant_id: str, pool_id: str, req: ConnectRequest
+) -> tuple[Integration, str]:
+    """Create the integration; returns it and its ML-backend secret (shown once)."""
+    pool = get_pool(session, tenant_id, pool_id)
+    if not req.url.startswith(("http://", "https://")):
+        raise BadRequest(f"url must be the http(s) address of Label Studio, got {req.url!r}")
+    if not req.token:
+        raise BadRequest("token must be a Label Studio API token")
+    if req.config.batch_size < 1:
+        raise BadRequest("batch_size must be at least 1")
+    stored = req.config.to_dict()
+    if req.verify:
+        try:
+            mapping = check_project(settings, req.url, req.token, req.project_id, pool, req.config)
+        except LabelStudioError as exc:
+            raise as_service_error(exc) from exc
+        stored["mapping"] = mapping.to_dict()
+    secret = crypto.new_secret()
+    now = utcnow()
+    row = Integration(
+        pool_id=pool.id,
+        kind="labelstudio",
+        url=req.url.rstrip("/"),
+        token_encrypted=crypto.encrypt(settings, req.token),
+        project_id=req.project_id,
+        config=stored,
+        secret_hash=crypto.hash_secret(secret),
+        status="ok",
+        last_error=None,
+        created_at=now,
+        updated_at=now,
+    )
+    repo.add(session, row)
+    return row, secret
+
+
+def get_integration(session: Session, tenant_id: str, pool_id: str, integration_id: str) -> Integration:
+    pool = get_pool(session, tenant_id, pool_id)
+    row = repo.get_integration(session, pool.id, integration_id)
+    if row is None:
+        raise NotFound(f"integration {integration_id!r} not found")
+    return row
+
+
+def list_integrations(session: Session, tenant_id: str, pool_id: str) -> list[Integration]:
+    return list(repo.list_integrations(session, get_pool(session, tenant_id, pool_id).id))
+
+
+def delete_integration(session: Session, tenant_id: str, pool_id: str, integration_id: str) -> None:
+    """Disconnect (tasks already in Label Studio stay there; their links are forgotten)."""
+    repo.delete_row(session, get_integration(session, tenant_id, pool_id, integration_id))
+
+
+def request_reconcile(session: Session, queue: JobQueue, integration: Integration) -> str:
+    """Queue a reconcile of the integration after commit; returns the job id."""
+    job_id = f"ls-reconcile-{integration.id}"
+    enqueue_on_commit(session, queue, RECONCILE, job_id, integration_id=integration.id)
+    return job_id
+
+
+def view(session: Session, integration: Integration) -> dict[str, Any]:
+    config = dict(integration.config or {})
+    mapping = config.pop("mapping", None)
+    return {
+        "id": integration.id,
+        "kind": integration.kind,
+        "url": integration.url,
+        "project_id": integration.project_id,
+        "config": config,
+        "mapping": mapping,
+        "status": integration.status,
+        "last_error": integration.last_error,
+        "last_synced_at": integration.last_synced_at,
+        "tasks_linked": repo.count_links(session, integration.id),
+        "created_at": integration.created_at,
+        "updated_at": integration.updated_at,
+    }
+
+
+# ------------------------------------------------------------------------------------------ ML backend
+
+
+def authenticate(session: Session, integration_id: str, secret: str | None) -> Integration:
+    """The integration whose id and secret match (Unauthorized otherwise; no hint which part is wrong)."""
+    row = repo.get_integration_by_id(session, integration_id)
+    if row is None or not secret or not crypto.secret_matches(secret, row.secret_hash):
+        raise Unauthorized("unknown integration or wrong secret in the ML-backend URL")
+    return row
+
+
+def model_version(session: Session, integration: Integration) -> str:
+    """The pool's latest checkpoint id, or ``untrained``."""
+    return batches_repo.latest_checkpoint_id(session, integration.pool_id) or "untrained"
+
+
+def _mapping(integration: Integration) -> Mapping | None:
+    stored = (integration.config or {}).get("mapping")
+    return Mapping.from_dict(stored) if stored else None
+
+
+def predict(
+    session: Session, queue: JobQueue, settings: Settings, integration: Integration, tasks: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One prediction per task, in order: ``{"result", "score", "model_version"}`` (empty result for tasks
+    that are not our items, or before the pool has a model)."""
+    from service.labelstudio import prediction_result
+
+    config = IntegrationConfig.from_dict(integration.config or {})
+    mapping = _mapping(integration)
+    version = model_version(session, integration)
+    ext_ids = [str((t.get("data") or {}).get(config.id_field, "")) for t in tasks]
+    empty = {"result": [], "score": 0.0, "model_version": version}
+    if mapping is None or version == "untrained":
+        return [dict(empty) for _ in tasks]
+    known = batches_repo.items_by_external_id(session, integration.pool_id, [e for e in ext_ids if e])
+    wanted = sorted({e for e in ext_ids if e in known and known[e][1] is not None})
+    by_id: dict[str, dict[str, Any]] = {}
+    if wanted:
+        try:
+            out = queue.call(
+                PREDICT,
+                f"predict-{uuid.uuid4().hex}",
+                timeout=settings.sync_select_wait_seconds,
+                pool_id=integration.pool_id,
+                item_ids=wanted,
+            )
+        except (JobFailed, JobTimeout) as exc:
+            log.warning("ML-backend predict of integration %s failed: %s", integration.id, exc)
+            return [dict(empty) for _ in tasks]
+        version = str(out.get("checkpoint_id") or version)
+        by_id = {p["item_id"]: p for p in out.get("predictions", [])}
+    results = []
+    for ext in ext_ids:
+        p = by_id.get(ext)
+        if p is None:
+            results.append({**empty, "model_version": version})
+            continue
+        if "probs" in p:
+            score = float(max(p["probs"].values())) if p["probs"] else 0.0
+            result = prediction_result(mapping, p.get("label"), None)
+        else:
+            score = 1.0
+            result = prediction_result(mapping, None, p.get("target"))
+        results.append({"result": result, "score": score, "model_version": version})
+    return results
+
+
+def handle_webhook(
+    session: Session, queue: JobQueue, integration: Integration, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """Queue what a Label Studio webhook asks for; never raises for a payload we do not handle."""
+    action = str(payload.get("action") or "")
+    if action in ANNOTATION_EVENTS:
+        annotation = payload.get("annotation") or {}
+        task = payload.get("task") or {}
+        task_id = (
+            annotation.get("task") if not isinstance(annotation.get("task"), dict) else annotation["task"].get("id")
+        )
+        task_id = task_id or task.get("id")
+        if task_id is None:
+            return {"status": "ignored", "reason": "no task id in the payload"}
+        event = {
+            "action": action,
+            "task_id": int(task_id),
+            "task_data": task.get("data") or {},
+            "annotation": {
+                k: annotation.get(k)
+                for k in ("id", "result", "was_cancelled", "completed_by", "updated_at", "created_at")
+            },
+        }
+        job_id = f"ls-event-{integration.id}-{uuid.uuid4().hex}"
+        enqueue_on_commit(session, queue, APPLY_ANNOTATION, job_id, integration_id=integration.id, event=event)
+        return {"status": "queued", "job_id": job_id}
+    if action in DELETE_EVENTS:
+        return {"status": "queued", "job_id": request_reconcile(session, queue, integration)}
+    if action == "START_TRAINING":
+        config = IntegrationConfig.from_dict(integration.config or {})
+        pool = session.get(Pool, integration.pool_id)
+        assert pool is not None
+        size = min(config.batch_size, batches_repo.count_available(session, pool.id, utcnow()))
+        try:
+            if size < 1:
+                raise BadRequest("no unlabeled items left to select")
+            batch, _ = batches_domain.create_batch(
+                session,
+                queue,
+                pool.tenant_id,
+                pool.id,
+                batches_domain.BatchRequest(size=size, strategy=config.strategy, params={}),
+            )
+        except ServiceError as exc:
+            integration.status = "error"
+            integration.last_error = f"START_TRAINING: could not request a batch: {exc.message}"
+            return {"status": "error", "error": exc.message}
+        return {"status": "queued", "batch_id": batch.id}
+    return {"status": "ignored", "action": action}
