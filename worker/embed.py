@@ -93,7 +93,7 @@ def encode_chunk(encoder: Encoder, inputs: Sequence[Any], dim: int) -> tuple[lis
     """Embeddings (float32 bytes) of ``inputs``, or a per-item error message.
 
     Arrays of different shapes are encoded in separate groups; a group that fails as a whole is
-    encoded item by item. Raises :class:`EncoderError` when the encoder output does not fit the pool.
+    encoded item by item. An output of the wrong size is an error of the items that produced it.
     """
     out: list[bytes | None] = [None] * len(inputs)
     err: list[str | None] = [None] * len(inputs)
@@ -104,9 +104,13 @@ def encode_chunk(encoder: Encoder, inputs: Sequence[Any], dim: int) -> tuple[lis
 
     def put(rows: list[int], emb: np.ndarray) -> None:
         if emb.ndim != 2 or emb.shape[1] != dim:
-            raise EncoderError(
-                f"the encoder produced {emb.shape[-1]} values per item; the pool's embedding_dim is {dim}"
-            )
+            # An input of another shape may give another size: the item's fault as far as we can tell
+            # (an encoder wrong for the pool marks every item with this message).
+            for r in rows:
+                err[r] = (
+                    f"the encoder produced {emb.shape[-1]} values for this input; the pool's embedding_dim is {dim}"
+                )
+            return
         finite = np.isfinite(emb).all(axis=1)
         for r, v, ok in zip(rows, emb, finite, strict=True):
             if ok:
