@@ -7,7 +7,7 @@ PG_URL    ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0
 PYTEST    := OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider
 
-.PHONY: install run test lint test-embedded test-pg bench-smoke clean
+.PHONY: install run test lint test-embedded test-pg test-labelstudio bench-smoke clean
 
 $(BIN)/bait: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ test-embedded: install  ## the whole suite on SQLite + the in-process runner
 
 test-pg: install  ## the whole suite on PostgreSQL + Redis + real RQ workers (services must be up)
 	BAIT_TEST_DATABASE_URL=$(PG_URL) BAIT_TEST_REDIS_URL=$(REDIS_URL) $(PYTEST)
+
+test-labelstudio: install  ## end to end against a real Label Studio 1.23.2 (its own venv, cached in .labelstudio-venv)
+	scripts/labelstudio_env.sh
+	$(PYTEST) -m labelstudio -s tests/labelstudio
 
 test: lint test-embedded test-pg  ## everything CI runs
 

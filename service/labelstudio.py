@@ -51,6 +51,19 @@ class MappingError(LabelStudioError):
 # --------------------------------------------------------------------------------------------------
 
 
+def _error_text(r: httpx.Response) -> str:
+    """Label Studio's own explanation (``detail`` / ``validation_errors``) rather than the raw JSON."""
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:300]
+    if isinstance(body, dict):
+        parts = [str(body[k]) for k in ("detail", "validation_errors") if body.get(k)]
+        if parts:
+            return "; ".join(parts)[:500]
+    return str(body)[:300]
+
+
 def _looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2 and all(token.split("."))
 
@@ -111,7 +124,7 @@ class LabelStudioClient:
             raise LabelStudioError(f"Label Studio answered 404 on {method} {path}", kind="not_found", status_code=404)
         if r.status_code >= 400:
             raise LabelStudioError(
-                f"Label Studio answered {r.status_code} on {method} {path}: {r.text[:300]}",
+                f"Label Studio answered {r.status_code} on {method} {path}: {_error_text(r)}",
                 kind="rejected",
                 status_code=r.status_code,
             )

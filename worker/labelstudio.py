@@ -4,6 +4,7 @@ annotation webhook.
 - :func:`batch_finished` (called by the batch job once its result is committed): for each Label Studio
   integration of the pool, :func:`import_batch` then :func:`reconcile`.
 - :func:`import_batch`: the batch's items that have no task yet in the project become tasks
+  (``task.data`` = ``{id_field: item id, data_field: item text, else its uri, else its id}``)
   (``POST /api/projects/{id}/import?return_task_ids=true``), with the pool model's prediction as a
   pre-annotation when configured; a :class:`~service.store.models.TaskLink` per task (unique per
   integration and item) makes re-imports no-ops. Links are committed right after each import call.
@@ -223,9 +224,8 @@ def _task(
     prediction: dict[str, Any] | None,
 ) -> dict[str, Any]:
     data: dict[str, Any] = {config.id_field: ext}
-    content = text if text is not None else uri
-    if content is not None:
-        data[config.data_field] = content
+    # The item's inline text, else its data reference; an item given only by embedding shows its id.
+    data[config.data_field] = text if text is not None else uri if uri is not None else ext
     task: dict[str, Any] = {"data": data}
     if prediction is not None:
         if "probs" in prediction:
