@@ -66,7 +66,8 @@ def item_out(pool: Pool, row: ItemRow, include_embedding: bool, info: EmbeddingI
         fields["target"] = row.label
     if include_embedding:
         fields["embedding"] = None if row.embedding is None else np.frombuffer(row.embedding, dtype="<f4").tolist()
-    if info is not None:
+    # Embedding state is shown for items given by reference (or not ready); plain items keep their shape.
+    if info is not None and (info.uri is not None or info.has_text or info.status != "ready"):
         fields["embedding_status"] = info.status
         if info.uri is not None:
             fields["uri"] = info.uri
@@ -78,7 +79,7 @@ def item_out(pool: Pool, row: ItemRow, include_embedding: bool, info: EmbeddingI
     return ItemOut(**fields)
 
 
-@router.post("/{pool}/items", response_model=UpsertResult, responses=ERROR_RESPONSES)
+@router.post("/{pool}/items", response_model=UpsertResult, response_model_exclude_none=True, responses=ERROR_RESPONSES)
 def upsert_items(
     pool: str, body: ItemsUpsert, request: Request, session: SessionDep, tenant: TenantDep, settings: SettingsDep
 ) -> UpsertResult:
@@ -117,7 +118,11 @@ def upsert_items(
 
 
 @router.post(
-    "/{pool}/items:bulk", response_model=UpsertResult, responses=UPLOAD_RESPONSES, openapi_extra=_BULK_BODY_DOC
+    "/{pool}/items:bulk",
+    response_model=UpsertResult,
+    response_model_exclude_none=True,
+    responses=UPLOAD_RESPONSES,
+    openapi_extra=_BULK_BODY_DOC,
 )
 async def bulk_upload(
     pool: str,

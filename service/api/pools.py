@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
-from service.api.schemas import PoolCounts, PoolCreate, PoolList, PoolOut, PoolPatch
+from service.api.schemas import EmbeddingCounts, PoolCounts, PoolCreate, PoolList, PoolOut, PoolPatch
 from service.deps import SessionDep, TenantDep
 from service.domain import embedding as embedding_domain
 from service.domain import pools as pools_domain
@@ -24,7 +24,10 @@ def pool_out(view: pools_domain.PoolView) -> PoolOut:
         embedding_dim=p.embedding_dim,
         head=p.head,
         encoder=p.encoder,
-        counts=PoolCounts(**view.counts),
+        counts=PoolCounts(**{k: v for k, v in view.counts.items() if not k.startswith("embedding_")}),
+        embedding_counts=None
+        if not p.encoder
+        else EmbeddingCounts(**{k: view.counts.get(f"embedding_{k}", 0) for k in ("ready", "pending", "error")}),
         created_at=p.created_at,
     )
 

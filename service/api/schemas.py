@@ -70,9 +70,12 @@ class PoolCounts(BaseModel):
     unlabeled: int
     reserved: int
     labeled: int
-    embedding_ready: int = Field(default=0, description="items with an embedding (only these are selected)")
-    embedding_pending: int = Field(default=0, description="items given by reference, not encoded yet")
-    embedding_error: int = Field(default=0, description="items whose reference could not be encoded")
+
+
+class EmbeddingCounts(BaseModel):
+    ready: int = Field(description="items with an embedding (only these are selected)")
+    pending: int = Field(description="items given by reference, not encoded yet")
+    error: int = Field(description="items whose reference could not be encoded (see embedding_error)")
 
 
 class EncoderConfigIn(_Strict):
@@ -107,6 +110,9 @@ class PoolOut(BaseModel):
     head: dict[str, object]
     encoder: dict[str, object] | None = None
     counts: PoolCounts
+    embedding_counts: EmbeddingCounts | None = Field(
+        default=None, description="items by embedding status (pools with an encoder)"
+    )
     created_at: datetime
 
 
@@ -144,7 +150,7 @@ class UpsertResult(BaseModel):
     created: int
     updated: int
     embed_job_id: str | None = Field(
-        default=None, description="the embed job that encodes the items given by reference (poll .../embed)"
+        default=None, description="only when items were given by reference: the embed job that encodes them"
     )
 
 

@@ -40,7 +40,8 @@ class Recovery:
 
 def recover_jobs(factory: sessionmaker[Session], queue: JobQueue, settings: Settings, *, assume_dead: bool) -> Recovery:
     """Re-queue or fail dead batch and select jobs; resubmit queued jobs the queue does not know."""
-    report = Recovery()
+    embed = recover_embed_jobs(factory, queue, settings, assume_dead=assume_dead)
+    report = Recovery(requeued=embed.requeued, failed=embed.failed, resubmitted=embed.resubmitted)
     now = datetime.now(UTC)
     stale_before = now - timedelta(seconds=settings.job_stale_seconds)
     grace_before = now - timedelta(seconds=min(settings.job_stale_seconds, 60.0))
@@ -88,10 +89,6 @@ def recover_jobs(factory: sessionmaker[Session], queue: JobQueue, settings: Sett
                     job.finished_at = now
                     job.arrays = None
                     report.failed.append(job.id)
-    embed = recover_embed_jobs(factory, queue, settings, assume_dead=assume_dead)
-    report.requeued += embed.requeued
-    report.failed += embed.failed
-    report.resubmitted += embed.resubmitted
     if report.requeued or report.failed or report.resubmitted:
         log.warning(
             "job recovery: re-queued %s, failed %s, resubmitted %s", report.requeued, report.failed, report.resubmitted

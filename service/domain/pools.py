@@ -76,7 +76,7 @@ def _counts(session: Session, pool_ids: list[str]) -> dict[str, dict[str, int]]:
     """Counts by effective status, and by embedding status (``embedding_ready|pending|error``)."""
     counts = items_repo.count_by_status(session, pool_ids, datetime.now(UTC))
     for pid, by_embedding in embedding_repo.count_embedding_status(session, pool_ids).items():
-        counts[pid].update({f"embedding_{k}": v for k, v in by_embedding.items()})
+        counts[pid].update({f"embedding_{k}": v for k, v in by_embedding.items()})  # split off by the api
     return counts
 
 

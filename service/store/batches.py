@@ -66,7 +66,8 @@ def lock_pool(session: Session, pool_id: str) -> None:
 
 def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterator[Sequence[Any]]:
     """Every item of the pool with an embedding (``embedding_status = 'ready'``: items given by reference
-    that are pending or in error are left out) ordered by id, in chunks of rows
+    that are pending or in error are left out; a ready item without one is reported by the loader)
+    ordered by id, in chunks of rows
     ``(id, external_id, embedding bytes, status, reserved_until, label)``.
 
     On PostgreSQL the rows stream from a server-side cursor in binary format: ``bytea`` arrives as
@@ -80,7 +81,7 @@ def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterato
         try:
             cursor.execute(
                 "SELECT id, external_id, embedding, status, reserved_until, label FROM items "
-                "WHERE pool_id = %s AND embedding_status = 'ready' AND embedding IS NOT NULL ORDER BY id",
+                "WHERE pool_id = %s AND embedding_status = 'ready' ORDER BY id",
                 (pool_id,),
             )
             while rows := cursor.fetchmany(chunk):
@@ -90,7 +91,7 @@ def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterato
         return
     stmt = (
         select(Item.id, Item.external_id, Item.embedding, Item.status, Item.reserved_until, Item.label)
-        .where(Item.pool_id == pool_id, Item.embedding_status == "ready", Item.embedding.is_not(None))
+        .where(Item.pool_id == pool_id, Item.embedding_status == "ready")
         .order_by(Item.id)
         .execution_options(stream_results=True, yield_per=chunk)
     )

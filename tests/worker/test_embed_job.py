@@ -107,8 +107,8 @@ def test_identity_pool_embeds_files_and_marks_bad_references(
     np.testing.assert_array_equal(np.frombuffer(rows["v3"].embedding or b"", "<f4"), vectors[3])
     assert rows["v3"].embedding_source == "identity@1"
 
-    counts = client.get(f"/v1/pools/{pool}", headers=auth).json()["counts"]
-    assert (counts["embedding_ready"], counts["embedding_error"], counts["embedding_pending"]) == (20, 5, 0)
+    counts = client.get(f"/v1/pools/{pool}", headers=auth).json()["embedding_counts"]
+    assert counts == {"ready": 20, "pending": 0, "error": 5}
 
     # Items in error are never selected: a batch of all 20 ready items is possible, 21 is not.
     too_many = client.post(f"/v1/pools/{pool}/batches", json={"size": 21, "strategy": "random"}, headers=auth)
@@ -178,7 +178,7 @@ def test_changing_the_encoder_re_embeds_every_reference(
     )
     assert resp.status_code == 200, resp.text
     assert resp.json()["encoder"]["kind"] == "torchscript"
-    assert resp.json()["counts"]["embedding_pending"] == 5  # the posted embedding is untouched
+    assert resp.json()["embedding_counts"]["pending"] == 5  # the posted embedding is untouched
     run_jobs(until=lambda: latest_job(client, auth, pool)["status"] == "succeeded")
     assert latest_job(client, auth, pool)["counts"]["embedded"] == 5
     with db() as s:
