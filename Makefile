@@ -25,6 +25,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd client && ../$(BIN)/mypy  # the client package, type-checked on its own
 	$(BIN)/lint-imports
 
 test-embedded: install  ## the whole suite on SQLite + the in-process runner
