@@ -200,9 +200,7 @@ def download(uri: str, limits: FetchLimits, client: httpx.Client) -> bytes:
                     raise BadReference(f"HTTP {response.status_code} from {host}")
                 declared = response.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-                    raise BadReference(
-                        f"download of {declared} bytes is larger than the limit of {limits.max_bytes}"
-                    )
+                    raise BadReference(f"download of {declared} bytes is larger than the limit of {limits.max_bytes}")
                 body = bytearray()
                 for chunk in response.iter_raw():
                     body.extend(chunk)
