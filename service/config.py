@@ -81,6 +81,12 @@ class Settings(BaseSettings):
         default=100 * 2**20, ge=1024, description="largest TorchScript encoder upload (stored in the database)"
     )
 
+    @field_validator("secret_key", mode="before")
+    @classmethod
+    def _empty_secret_is_unset(cls, v: object) -> object:
+        # docker compose passes an unset variable through as "": treat it as not given.
+        return None if v == "" else v
+
     @field_validator("database_url")
     @classmethod
     def _check_db_url(cls, v: str) -> str:
