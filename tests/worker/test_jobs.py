@@ -56,7 +56,7 @@ def test_stale_running_batch_is_requeued_and_then_succeeds(
     batch_id = dead_batch(db, pool.pool_id, attempts=1, beat_age_s=30)
     report = recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
     assert report.requeued == [batch_id] and report.failed == []
-    assert batch_row(db, batch_id).status == "queued"
+    # (no check of the intermediate "queued": the in-process runner may already have started it)
     run_jobs()
     batch = batch_row(db, batch_id)
     assert batch.status == "succeeded" and batch.attempts == 2 and batch.error is None
