@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     )
     queue_name: str = Field(default="bait", description="RQ queue name")
     host: str = Field(default="127.0.0.1", description="address `bait serve` binds to")
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535, description="port `bait serve` listens on")
     device: str = Field(default="auto", description="worker device: auto (CUDA when present), cpu, cuda, cuda:N")
     max_json_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest JSON request body")
     max_upload_bytes: int = Field(default=2 * 2**30, ge=1024, description="largest bulk upload (.npy/.npz/Parquet)")
@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     sync_select_max_cells: int = Field(
         default=2_000_000, ge=1, description="POST /v1/select answers synchronously up to n*d*max(k,1) cells"
     )
-    sync_select_wait_seconds: float = Field(default=30.0, gt=0)
+    sync_select_wait_seconds: float = Field(
+        default=30.0, gt=0, description="how long a synchronous /v1/select or predictions request waits for its job"
+    )
     job_timeout_seconds: int = Field(default=3600, ge=10, description="RQ job timeout")
     job_max_attempts: int = Field(default=2, ge=1, description="a job whose worker died is re-queued this often")
     job_heartbeat_seconds: float = Field(
@@ -46,7 +48,7 @@ class Settings(BaseSettings):
     print_bootstrap_key: bool = Field(
         default=True, description="embedded mode: mint and print an API key on first start if none exists"
     )
-    log_level: str = Field(default="INFO")
+    log_level: str = Field(default="INFO", description="logging level of api and workers")
     secret_key: str | None = Field(
         default=None,
         description="encrypts Label Studio tokens and webhook secrets at rest (any string of 16+ characters); "
