@@ -33,7 +33,10 @@ GEMMs and the per-candidate state run in the dtype of ``problem.X``.
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,6 +65,60 @@ _TIE_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 _GB = 1e9
 # Per-chunk temporaries of the greedy step are kept near this size so a chunk stays in cache.
 _STEP_CHUNK_BYTES = 4 * 2**20
+# Number of partial sums the pool Fisher F is accumulated in (chunk i goes to partial i mod this),
+# independent of the thread count so that F, and everything after it, is bitwise the same for any
+# number of threads.
+_F_PARTIALS = 2
+
+#: Python threads over pool/candidate chunks on CPU: the setup's chunk loops (``F``, ``g``, ``h``)
+#: and the greedy steps of rank-one problems (``None``: the ``BAIT_THREADS`` environment variable if
+#: set, else ``max(torch.get_num_threads(), min(2, os.cpu_count()))``). Each chunk is processed by
+#: one thread exactly as it would be serially, so picks and state do not depend on the thread count.
+#: While the threads run, torch's intra-op threads are set to 1 (restored afterwards): batched small
+#: matrix ops were 3-4x slower with intra-op threads than with one thread per chunk.
+THREADS: int | None = None
+
+
+def resolve_threads(device: torch.device) -> int:
+    """Number of Python worker threads the exact engine uses on ``device`` (1 off CPU)."""
+    if device.type != "cpu":
+        return 1
+    if THREADS is not None:
+        return max(1, int(THREADS))
+    env = os.environ.get("BAIT_THREADS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ParameterError(f"BAIT_THREADS must be an integer, got {env!r}") from None
+    return max(torch.get_num_threads(), min(2, os.cpu_count() or 1))
+
+
+class _Workers:
+    """Run independent chunk jobs on ``n`` threads, with torch intra-op threads at 1 meanwhile."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.saved = torch.get_num_threads()
+        self.pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> _Workers:
+        if self.n > 1:
+            torch.set_num_threads(1)
+            self.pool = ThreadPoolExecutor(self.n, thread_name_prefix="bait")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+            torch.set_num_threads(self.saved)
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """``fn`` over ``items`` (in order of ``items`` for the results); serial with one thread."""
+        if self.pool is None:
+            return map(fn, items)
+        return self.pool.map(fn, items)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,8 +309,10 @@ class _Bait:
         mode: Mode,
         fisher_weights: Tensor | None,
         matrix_dtype: torch.dtype,
+        n_threads: int = 1,
     ) -> None:
         self.problem = problem
+        self.n_threads = max(1, n_threads)
         self.x_all = x  # n x d (state dtype)
         self.probs = problem.probs
         self.lam = lam
@@ -307,13 +366,27 @@ class _Bait:
             weights = self.fisher_weights
             if weights is None:
                 weights = torch.full((self.n,), 1.0 / self.n, dtype=torch.float64, device=dev)
-            fmat = torch.zeros(big_d, big_d, dtype=mdt, device=dev)
-            for lo in range(0, self.n, cs):
-                hi = min(self.n, lo + cs)
-                ef = row_factors(None if self.probs is None else self.probs[lo:hi], hi - lo, dtype=sdt, device=dev)
-                sf = (ef @ ef.transpose(1, 2)) * weights[lo:hi].to(sdt)[:, None, None]  # chunk x r x r
-                accumulate_kron_upper(fmat, self.x_all[lo:hi].to(sdt), sf)
-                self._tick()
+            pool_bounds = [(lo, min(self.n, lo + cs)) for lo in range(0, self.n, cs)]
+            n_parts = min(_F_PARTIALS, len(pool_bounds))
+            parts = [torch.zeros(big_d, big_d, dtype=mdt, device=dev) for _ in range(n_parts)]
+
+            def f_part(j: int) -> int:
+                # Chunks j, j + n_parts, ... in order into partial sum j (same for any thread count).
+                for lo, hi in pool_bounds[j::n_parts]:
+                    probs = None if self.probs is None else self.probs[lo:hi]
+                    ef = row_factors(probs, hi - lo, dtype=sdt, device=dev)
+                    sf = (ef @ ef.transpose(1, 2)) * weights[lo:hi].to(sdt)[:, None, None]  # chunk x r x r
+                    accumulate_kron_upper(parts[j], self.x_all[lo:hi].to(sdt), sf)
+                return len(pool_bounds[j::n_parts])
+
+            with _Workers(min(self.n_threads, n_parts)) as workers:
+                for done in workers.map(f_part, range(n_parts)):
+                    for _ in range(done):
+                        self._tick()
+            fmat = parts[0]
+            for part in parts[1:]:
+                fmat += part
+            del parts
             symmetrize_blocks(fmat, r)
         elif self.mode == "identity":
             fmat = torch.eye(big_d, dtype=mdt, device=dev)
@@ -392,8 +465,9 @@ class _Bait:
         q_s = None if q is None else q.to(sdt)
         if low_rank is not None:
             xl_s, el_s, cinv_s = (t.to(sdt) for t in low_rank)  # n_L x d, n_L x r x r, m' x m'
-        for lo in range(0, n_cand, cs):
-            hi = min(n_cand, lo + cs)
+
+        def gh_chunk(bounds: tuple[int, int]) -> None:
+            lo, hi = bounds
             xs = xc[lo:hi].to(sdt)
             ec = e[lo:hi]
             ete = ec.transpose(1, 2)
@@ -411,8 +485,10 @@ class _Bait:
                 g[lo:hi] = ete @ gx @ ec
             if h is not None and q_s is not None:
                 h[lo:hi] = ete @ block_quadratic_forms(xs, q_s) @ ec
-            self._tick()
-        del p_s, q_s
+
+        with _Workers(self.n_threads) as workers:
+            for _ in workers.map(gh_chunk, [(lo, min(n_cand, lo + cs)) for lo in range(0, n_cand, cs)]):
+                self._tick()
         state = _State(x=xc, e=e, g=g, h=h, p=p, q=q, value=value)
         state.info["p0"] = method
         return state
@@ -514,28 +590,41 @@ class _Bait:
         chosen = torch.zeros(n_cand, dtype=torch.bool, device=self.device)
         eligible = torch.ones(n_cand, dtype=torch.bool, device=self.device)
         scores = torch.empty(n_cand, dtype=self.sdt, device=self.device)
-        for lo in range(0, n_cand, cs):
-            hi = min(n_cand, lo + cs)
+        bounds = [(lo, min(n_cand, lo + cs)) for lo in range(0, n_cand, cs)]
+        blocks = torch.empty(0)
+
+        def score_chunk(lh: tuple[int, int]) -> None:
+            lo, hi = lh
             scores[lo:hi] = self._scores(st.g[lo:hi], None if st.h is None else st.h[lo:hi], 1.0)
+
+        def step_chunk(lh: tuple[int, int]) -> None:
+            # Chosen rows are updated too (harmless) so the chunks stay contiguous.
+            lo, hi = lh
+            hc = None if st.h is None else st.h[lo:hi]
+            self._update_rows(st.x[lo:hi], st.e[lo:hi], st.g[lo:hi], hc, blocks, 1.0)
+            scores[lo:hi] = self._scores(st.g[lo:hi], hc, 1.0)
+
         picks: list[int] = []
         gains: list[float] = []
-        for step in range(n_steps):
-            pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
-            picks.append(pos)
-            chosen[pos] = True
-            eligible[pos] = False
-            blocks, delta = self._rank_update(st, st.x[pos], st.e[pos], 1.0)
-            gains.append(delta)
-            st.value = st.value + delta if self.mode == "logdet" else st.value - delta
-            if step + 1 < n_steps:
-                blocks = blocks.to(self.sdt)
-                # Chosen rows are updated too (harmless) so the chunks stay contiguous.
-                for lo in range(0, n_cand, cs):
-                    hi = min(n_cand, lo + cs)
-                    hc = None if st.h is None else st.h[lo:hi]
-                    self._update_rows(st.x[lo:hi], st.e[lo:hi], st.g[lo:hi], hc, blocks, 1.0)
-                    scores[lo:hi] = self._scores(st.g[lo:hi], hc, 1.0)
-            self._tick()
+        # Threads over the step's chunks only for rank-one problems (a few long GEMV chunks). With
+        # r > 1 a chunk is ~150 short ops; on a loaded 2-core machine two threads were no faster
+        # than one (GIL hand-offs between the short ops), so the step loop stays serial there.
+        with _Workers(self.n_threads if self.r == 1 else 1) as workers:
+            for _ in workers.map(score_chunk, bounds):
+                pass
+            for step in range(n_steps):
+                pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
+                picks.append(pos)
+                chosen[pos] = True
+                eligible[pos] = False
+                blocks, delta = self._rank_update(st, st.x[pos], st.e[pos], 1.0)
+                gains.append(delta)
+                st.value = st.value + delta if self.mode == "logdet" else st.value - delta
+                if step + 1 < n_steps:
+                    blocks = blocks.to(self.sdt)
+                    for _ in workers.map(step_chunk, bounds):
+                        pass
+                self._tick()
         return picks, gains
 
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
@@ -596,6 +685,7 @@ def _run(
         raise InputDataError(f"BAIT needs float32 or float64 embeddings, got {problem.dtype}")
 
     r = reduced_rank(problem.probs)
+    n_threads = resolve_threads(problem.device)
     b = problem.batch_size
     n_cand = int(problem.candidates.numel())
     n_design = int(problem.in_design.numel())
@@ -606,6 +696,7 @@ def _run(
         "device": str(problem.device),
         "dtype": str(problem.dtype).replace("torch.", ""),
         "torch_threads": torch.get_num_threads(),
+        "threads": n_threads,
         "lam": lam,
         "convention": convention,
         "w_labeled": w_design,
@@ -650,6 +741,7 @@ def _run(
             mode=mode,
             fisher_weights=weights,
             matrix_dtype=mdt,
+            n_threads=n_threads,
         )
         n_backward = n_forward - b if backward else 0
         state = engine.setup(n_forward + n_backward)
