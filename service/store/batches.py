@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from service.store.attempts import start_attempt, touch_attempt
 from service.store.models import Batch, Checkpoint, Item, Pool, SelectJob
 
 ACTIVE_BATCH = ("queued", "running")
@@ -211,41 +212,14 @@ def list_batches(
 
 def start_batch(session: Session, batch_id: str, now: datetime) -> int | None:
     """Move a ``queued`` batch to ``running``; returns the attempt number, None if it was not queued."""
-    result = session.execute(
-        update(Batch)
-        .where(Batch.id == batch_id, Batch.status == "queued")
-        .values(
-            status="running",
-            attempts=Batch.attempts + 1,
-            started_at=now,
-            heartbeat_at=now,
-            progress_stage="load",
-            progress_done=0,
-            progress_total=0,
-            error=None,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    if int(result.rowcount) != 1:  # type: ignore[attr-defined]
-        return None
-    return int(session.execute(select(Batch.attempts).where(Batch.id == batch_id)).scalar_one())
+    return start_attempt(session, Batch, batch_id, now)
 
 
 def touch_batch(
     session: Session, batch_id: str, attempt: int, now: datetime, progress: tuple[str, int, int] | None = None
 ) -> bool:
-    """Heartbeat (and progress) of a running attempt; False when the batch is no longer this attempt's
-    to run (cancelled, or taken over after this worker was presumed dead)."""
-    values: dict[str, Any] = {"heartbeat_at": now}
-    if progress is not None:
-        values.update(progress_stage=progress[0], progress_done=progress[1], progress_total=progress[2])
-    result = session.execute(
-        update(Batch)
-        .where(Batch.id == batch_id, Batch.status == "running", Batch.attempts == attempt)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount) == 1  # type: ignore[attr-defined]
+    """Heartbeat (and progress) of a running batch attempt (see :func:`touch_attempt`)."""
+    return touch_attempt(session, Batch, batch_id, attempt, now, progress)
 
 
 def active_batches(session: Session) -> Sequence[Batch]:

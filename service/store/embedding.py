@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from service.store.attempts import start_attempt, touch_attempt
 from service.store.items import internal_ids
 from service.store.models import EmbedJob, EncoderModel, Item, Pool
 
@@ -265,39 +266,14 @@ def list_jobs(session: Session, pool_id: str, limit: int) -> Sequence[EmbedJob]:
 
 def start_job(session: Session, job_id: str, now: datetime) -> int | None:
     """``queued -> running``; the attempt number, or None if the job was not queued."""
-    result = session.execute(
-        update(EmbedJob)
-        .where(EmbedJob.id == job_id, EmbedJob.status == "queued")
-        .values(
-            status="running",
-            attempts=EmbedJob.attempts + 1,
-            started_at=now,
-            heartbeat_at=now,
-            progress_stage="load",
-            progress_done=0,
-            progress_total=0,
-            error=None,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    if int(result.rowcount) != 1:  # type: ignore[attr-defined]
-        return None
-    return int(session.execute(select(EmbedJob.attempts).where(EmbedJob.id == job_id)).scalar_one())
+    return start_attempt(session, EmbedJob, job_id, now)
 
 
 def touch_job(
     session: Session, job_id: str, attempt: int, now: datetime, progress: tuple[str, int, int] | None = None
 ) -> bool:
-    values: dict[str, Any] = {"heartbeat_at": now}
-    if progress is not None:
-        values.update(progress_stage=progress[0], progress_done=progress[1], progress_total=progress[2])
-    result = session.execute(
-        update(EmbedJob)
-        .where(EmbedJob.id == job_id, EmbedJob.status == "running", EmbedJob.attempts == attempt)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount) == 1  # type: ignore[attr-defined]
+    """Heartbeat (and progress) of a running embed-job attempt (see :func:`touch_attempt`)."""
+    return touch_attempt(session, EmbedJob, job_id, attempt, now, progress)
 
 
 def active_jobs(session: Session) -> Sequence[EmbedJob]:
