@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
+from service.db import session_scope
 from service.errors import Unauthorized
 from service.security import hash_key
 from service.store.models import ApiKey, Tenant
@@ -26,21 +27,10 @@ def get_settings_dep(request: Request) -> Settings:
 
 def get_session(request: Request) -> Iterator[Session]:
     """One transaction per request: committed if the handler returns, rolled back if it raises."""
-    session: Session = request.app.state.sessionmaker()
-    try:
+    with session_scope(request.app.state.sessionmaker) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
-# scope="function": commit before the response is sent. FastAPI's default for `yield` dependencies
-# ("request") commits after the client already has its 2xx, so an immediate follow-up request could
-# miss the write (seen over real HTTP: POST /v1/pools, then 404 on the new pool), and a failed commit
-# would go unreported.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
