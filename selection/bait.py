@@ -393,7 +393,7 @@ class _Bait:
 
         # P_0 = M_0^{-1}, Q_0 = P_0 F P_0, and log det M_0.
         p0_identity = n_design == 0 or self.w_design == 0.0
-        low_rank: tuple[Tensor, Tensor, Tensor] | None = None
+        low_rank: tuple[Tensor, Tensor, Tensor] | None = None  # x_L, T pairs, pair indices
         q: Tensor | None = None
         m_prime = n_design * r
         if p0_identity:
@@ -422,9 +422,20 @@ class _Bait:
                 q /= lam**2
             logdet0 = (big_d - m_prime) * math.log(lam) + 2.0 * float(kchol.diagonal().log().sum())
             # For G_x below: x^T P_ab x = (||x||^2 delta_ab - b_a^T K^{-1} b_b) / lam with
-            # b_a[i r + c] = (x_i^T x) E_i[a, c]: O(n r m'^2) instead of n D^2.
-            eye_m = torch.eye(m_prime, dtype=mdt, device=dev)
-            low_rank = (xl, el, torch.linalg.solve_triangular(kchol, eye_m, upper=False))
+            # b_a[i r + c] = (x_i^T x) E_i[a, c], i.e. b_a^T K^{-1} b_b = k_x^T T_ab k_x with
+            # k_x = (x_i^T x)_i and the n_L x n_L matrices T_ab[i, j] = (E_i^T K^{-1}_ij E_j)[a, b]:
+            # O(n (n_L d + n_L^2 r(r+1)/2)) instead of O(n r m'^2) or n D^2.
+            ebig = torch.zeros(n_design, r, n_design, r, dtype=mdt, device=dev)  # [(i, c), (j, a)]
+            rows = torch.arange(n_design, device=dev)
+            ebig[rows, :, rows, :] = el.transpose(1, 2)
+            ebig = ebig.view(m_prime, m_prime)
+            tfull = ebig.T @ torch.cholesky_solve(ebig, kchol)  # [(i, a), (j, b)]
+            tfull = 0.5 * (tfull + tfull.T)
+            iu = torch.triu_indices(r, r, device=dev)
+            # n_L x (pairs * n_L): column block p = (a, b) with a <= b, entry [i, (p, j)] = T_ab[i, j].
+            tpairs = tfull.view(n_design, r, n_design, r).permute(0, 1, 3, 2)[:, iu[0], iu[1], :]
+            low_rank = (xl, tpairs.reshape(n_design, -1), iu)
+            del ebig, tfull, tpairs
             del lf, z, kmat
             method = "woodbury"
         else:
@@ -464,7 +475,11 @@ class _Bait:
         p_s = None if (p0_identity or low_rank is not None) else p.to(sdt)
         q_s = None if q is None else q.to(sdt)
         if low_rank is not None:
-            xl_s, el_s, cinv_s = (t.to(sdt) for t in low_rank)  # n_L x d, n_L x r x r, m' x m'
+            xl_s, tp_s = low_rank[0].to(sdt), low_rank[1].to(sdt)  # n_L x d, n_L x (pairs n_L)
+            iu = low_rank[2]
+            n_pairs = int(iu.shape[1])
+            # Rows per sub-chunk so the m x pairs x n_L temporary stays near _STEP_CHUNK_BYTES.
+            g_sub = max(16, _STEP_CHUNK_BYTES // max(1, n_pairs * n_design * torch.finfo(sdt).bits // 8))
 
         def gh_chunk(bounds: tuple[int, int]) -> None:
             lo, hi = bounds
@@ -478,9 +493,15 @@ class _Bait:
                 g[lo:hi] = (ete @ ec) * norms[:, None, None]  # G_x = ||x||^2 / lam I
             else:
                 kx = xs @ xl_s.T  # m x n_L
-                bx = (kx[:, None, :, None] * el_s.permute(1, 0, 2)[None]).reshape(hi - lo, r, m_prime)
-                ax = bx @ cinv_s.T  # m x r x m': C^{-1} b_a
-                gx = -(ax @ ax.transpose(1, 2)) / lam
+                quad = torch.empty(hi - lo, n_pairs, dtype=sdt, device=dev)
+                for so in range(0, hi - lo, g_sub):
+                    ks = kx[so : so + g_sub]
+                    u = (ks @ tp_s).view(-1, n_pairs, n_design)  # [i, p, j] = (k_x^T T_p)_j
+                    quad[so : so + g_sub] = (u * ks[:, None, :]).sum(-1)
+                quad /= -lam
+                gx = torch.empty(hi - lo, r, r, dtype=sdt, device=dev)
+                gx[:, iu[0], iu[1]] = quad
+                gx[:, iu[1], iu[0]] = quad
                 gx.diagonal(dim1=1, dim2=2).add_(norms[:, None])
                 g[lo:hi] = ete @ gx @ ec
             if h is not None and q_s is not None:
