@@ -63,8 +63,9 @@ CONVENTIONS = ("reference", "paper", "sum")
 APPROXIMATIONS = (None, "pca")
 _TIE_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 _GB = 1e9
-# Per-chunk temporaries of the greedy step are kept near this size so a chunk stays in cache.
-_STEP_CHUNK_BYTES = 4 * 2**20
+# Per-chunk state of the greedy step is kept near this size: bigger chunks mean fewer small ops
+# (about 150 per chunk); 16 MiB (8192 rows at d = 128, k = 10) beat 4 MiB by ~10% per step.
+_STEP_CHUNK_BYTES = 16 * 2**20
 # Number of partial sums the pool Fisher F is accumulated in (chunk i goes to partial i mod this),
 # independent of the thread count so that F, and everything after it, is bitwise the same for any
 # number of threads.
