@@ -287,7 +287,7 @@ class _State:
     """Everything the greedy passes update. ``D = r d``; ``n_C`` candidates."""
 
     x: Tensor  # n_C x d candidate embeddings (state dtype)
-    e: Tensor  # n_C x r x r class factors scaled by sqrt(w_S) (state dtype)
+    et: Tensor  # n_C x r x r transposed class factors E^T scaled by sqrt(w_S), contiguous (state dtype)
     g: Tensor  # n_C x r x r
     h: Tensor | None  # n_C x r x r (None in logdet mode)
     p: Tensor  # D x D, P = M^{-1} (matrix dtype)
@@ -511,7 +511,9 @@ class _Bait:
         with _Workers(self.n_threads) as workers:
             for _ in workers.map(gh_chunk, [(lo, min(n_cand, lo + cs)) for lo in range(0, n_cand, cs)]):
                 self._tick()
-        state = _State(x=xc, e=e, g=g, h=h, p=p, q=q, value=value)
+        # E^T contiguous: the per-step batched product E^T T was 1.6x faster than with a transposed view.
+        et = e.transpose(1, 2).contiguous()
+        state = _State(x=xc, et=et, g=g, h=h, p=p, q=q, value=value)
         state.info["p0"] = method
         return state
 
@@ -567,42 +569,47 @@ class _Bait:
         return blocks.permute(1, 0, 2, 3).reshape(d, -1), delta
 
     @staticmethod
-    def _update_rows(x: Tensor, e: Tensor, g: Tensor, h: Tensor | None, blocks: Tensor, sigma: float) -> None:
+    def _update_rows(
+        x: Tensor, et: Tensor, g: Tensor, h: Tensor | None, blocks: Tensor, sigma: float, *, half_h: bool = False
+    ) -> None:
         """``g -= sigma W W^T``, ``h -= sigma (W Z^T + Z W^T)`` with ``[W | Z] = E^T (X [U~ | R^])``.
 
         Args:
             x: ``m x d`` rows.
-            e: ``m x r x r`` scaled factors.
+            et: ``m x r x r`` transposed scaled factors ``E^T`` (contiguous is fastest).
             g: ``m x r x r``, updated in place.
             h: ``m x r x r`` or ``None``, updated in place.
             blocks: ``d x (r * c * r)`` from :meth:`_rank_update`, same dtype as ``x``.
             sigma: ``+1`` or ``-1``.
+            half_h: ``h`` holds ``h~`` with ``h = h~ + h~^T`` (``r > 1``): then ``h~ -= sigma W Z^T``,
+                one contiguous subtraction instead of two (one of them transposed).
         """
         m = x.shape[0]
         r = g.shape[1]
         if r == 1:
             # Rank one: one streaming GEMV in the pool dtype; the (float64) state absorbs the result.
             t = (x @ blocks.to(x.dtype)).to(g.dtype)  # m x c
-            w = e[:, 0, 0] * t[:, 0]
+            w = et[:, 0, 0] * t[:, 0]
             g[:, 0, 0] -= sigma * w * w
             if h is not None:
-                z = e[:, 0, 0] * t[:, 1]
+                z = et[:, 0, 0] * t[:, 1]
                 h[:, 0, 0] -= (2.0 * sigma) * w * z
             return
         t = x.to(blocks.dtype) @ blocks  # m x (r * c * r)
         c = 1 if h is None else 2
-        wz = torch.bmm(e.transpose(1, 2), t.view(m, r, c * r))  # m x r x c r: [W | Z]
+        wz = torch.bmm(et, t.view(m, r, c * r))  # m x r x c r: [W | Z]
         w = wz[:, :, :r]
         g.baddbmm_(w, w.transpose(1, 2), alpha=-sigma)
         if h is not None:
             y = torch.bmm(w, wz[:, :, r:].transpose(1, 2))  # m x r x r: W Z^T
             h.sub_(y, alpha=sigma)
-            h.sub_(y.transpose(1, 2), alpha=sigma)
+            if not half_h:
+                h.sub_(y.transpose(1, 2), alpha=sigma)
 
-    def _scores(self, g: Tensor, h: Tensor | None, sigma: float) -> Tensor:
+    def _scores(self, g: Tensor, h: Tensor | None, sigma: float, *, half_h: bool = False) -> Tensor:
         if h is None:
             return logdet_scores(g)
-        return trace_solve_scores(g, h, sigma)
+        return trace_solve_scores(g, h, sigma, half_h=half_h)
 
     # ---- passes ---------------------------------------------------------------------------------
     def forward(self, st: _State, n_steps: int) -> tuple[list[int], list[float]]:
@@ -614,17 +621,22 @@ class _Bait:
         scores = torch.empty(n_cand, dtype=self.sdt, device=self.device)
         bounds = [(lo, min(n_cand, lo + cs)) for lo in range(0, n_cand, cs)]
         blocks = torch.empty(0)
+        # During the pass h holds h~ = h / 2 (h = h~ + h~^T; exact scaling): its update is then one
+        # contiguous subtraction, and the score symmetrises while making its batch-last copy.
+        half_h = st.h is not None and self.r > 1
+        if st.h is not None and half_h:
+            st.h.mul_(0.5)
 
         def score_chunk(lh: tuple[int, int]) -> None:
             lo, hi = lh
-            scores[lo:hi] = self._scores(st.g[lo:hi], None if st.h is None else st.h[lo:hi], 1.0)
+            scores[lo:hi] = self._scores(st.g[lo:hi], None if st.h is None else st.h[lo:hi], 1.0, half_h=half_h)
 
         def step_chunk(lh: tuple[int, int]) -> None:
             # Chosen rows are updated too (harmless) so the chunks stay contiguous.
             lo, hi = lh
             hc = None if st.h is None else st.h[lo:hi]
-            self._update_rows(st.x[lo:hi], st.e[lo:hi], st.g[lo:hi], hc, blocks, 1.0)
-            scores[lo:hi] = self._scores(st.g[lo:hi], hc, 1.0)
+            self._update_rows(st.x[lo:hi], st.et[lo:hi], st.g[lo:hi], hc, blocks, 1.0, half_h=half_h)
+            scores[lo:hi] = self._scores(st.g[lo:hi], hc, 1.0, half_h=half_h)
 
         picks: list[int] = []
         gains: list[float] = []
@@ -639,7 +651,7 @@ class _Bait:
                 picks.append(pos)
                 chosen[pos] = True
                 eligible[pos] = False
-                blocks, delta = self._rank_update(st, st.x[pos], st.e[pos], 1.0)
+                blocks, delta = self._rank_update(st, st.x[pos], st.et[pos].T, 1.0)
                 gains.append(delta)
                 st.value = st.value + delta if self.mode == "logdet" else st.value - delta
                 if step + 1 < n_steps:
@@ -647,6 +659,8 @@ class _Bait:
                     for _ in workers.map(step_chunk, bounds):
                         pass
                 self._tick()
+        if st.h is not None and half_h:
+            st.h = st.h + st.h.transpose(1, 2)
         return picks, gains
 
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
@@ -656,7 +670,7 @@ class _Bait:
         order = sorted(picks)  # ascending candidate position = ascending pool row
         idx = torch.tensor(order, dtype=torch.long, device=self.device)
         x = st.x[idx].to(mdt)
-        e = st.e[idx].to(mdt)
+        e = st.et[idx].transpose(1, 2).to(mdt)
         et = e.transpose(1, 2)
         # Fresh g, h of the picks from the current P, Q (float64 when P, Q are).
         g = et @ block_quadratic_forms(x, st.p) @ e
@@ -669,7 +683,7 @@ class _Bait:
             alive[j] = False
             blocks, delta = self._rank_update(st, x[j], e[j], -1.0)
             st.value += delta
-            self._update_rows(x, e, g, h, blocks, -1.0)
+            self._update_rows(x, et, g, h, blocks, -1.0)
             self._tick()
         kept = {order[j] for j in range(len(order)) if bool(alive[j])}
         return [p for p in picks if p in kept]

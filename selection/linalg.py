@@ -163,7 +163,7 @@ def batch_last(a: Tensor) -> Tensor:
     return out.view(r, c, m)
 
 
-def trace_solve_scores(g: Tensor, h: Tensor, sigma: float) -> Tensor:
+def trace_solve_scores(g: Tensor, h: Tensor, sigma: float, *, half_h: bool = False) -> Tensor:
     """Batched ``tr(h_i (I + sigma g_i)^{-1})`` for symmetric ``h_i`` and positive definite ``I + sigma g_i``.
 
     Rows whose matrix ``I + sigma g_i`` is not numerically positive definite get NaN (the callers map
@@ -173,6 +173,7 @@ def trace_solve_scores(g: Tensor, h: Tensor, sigma: float) -> Tensor:
         g: ``m x r x r`` symmetric.
         h: ``m x r x r`` symmetric.
         sigma: ``+1`` (adding a point) or ``-1`` (removing one).
+        half_h: ``h`` holds ``h~`` with ``h_i = h~_i + h~_i^T`` (any ``h~``, not necessarily symmetric).
 
     Returns:
         ``m`` scores.
@@ -180,9 +181,11 @@ def trace_solve_scores(g: Tensor, h: Tensor, sigma: float) -> Tensor:
     m, r, _ = g.shape
     if r == 1:
         den = 1.0 + sigma * g[:, 0, 0]
-        out = h[:, 0, 0] / den
+        out = (2.0 * h[:, 0, 0] if half_h else h[:, 0, 0]) / den
         return torch.where(den > 0, out, torch.full_like(out, float("nan")))
     if r > _ELIMINATION_MAX_R:
+        if half_h:
+            h = h + h.transpose(1, 2)
         a = g * sigma
         a.diagonal(dim1=1, dim2=2).add_(1.0)
         chol, info = torch.linalg.cholesky_ex(a)
@@ -198,6 +201,8 @@ def trace_solve_scores(g: Tensor, h: Tensor, sigma: float) -> Tensor:
         a.mul_(sigma)
     a.diagonal(dim1=0, dim2=1).add_(1.0)
     hh = batch_last(h)  # r x r x m
+    if half_h:
+        hh = hh + hh.transpose(0, 1)  # contiguous in m: a fast elementwise op
     out = torch.zeros(m, dtype=g.dtype, device=g.device)
     min_piv = a[0, 0].clone()
     for j in range(r):
