@@ -297,6 +297,36 @@ def _first_best(scores: Tensor, eligible: Tensor, *, maximize: bool, rtol: float
     return int(torch.argmax(hit.to(torch.uint8)))
 
 
+def _design_pairs(xl: Tensor, el: Tensor, kchol: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Factors of ``G_x`` on a Woodbury ``P_0 = (I - L K^{-1} L^T) / lam`` (``L`` = design factor).
+
+    ``x^T P_ab x = (||x||^2 delta_ab - b_a^T K^{-1} b_b) / lam`` with ``b_a[i r + c] = (x_i^T x) E_i[a, c]``,
+    i.e. ``b_a^T K^{-1} b_b = k_x^T T_ab k_x`` with ``k_x = (x_i^T x)_i`` and the ``n_L x n_L`` matrices
+    ``T_ab[i, j] = (E_i^T K^{-1}_ij E_j)[a, b]``: ``O(n (n_L d + n_L^2 r (r+1) / 2))`` for the pool instead
+    of ``O(n r m'^2)`` (Woodbury with explicit ``K^{-1} b``) or ``n D^2`` (dense blocks).
+
+    Args:
+        xl: ``n_L x d`` design rows (matrix dtype).
+        el: ``n_L x r x r`` design factors, weight folded in.
+        kchol: Cholesky factor of ``K = lam I + L^T L`` (``m' x m'``, ``m' = n_L r``).
+
+    Returns:
+        ``(xl, tpairs, iu)``: ``tpairs`` is ``n_L x (pairs n_L)`` with column block ``p = (a, b)``,
+        ``a <= b`` (``iu`` = the ``2 x pairs`` upper-triangle indices), entry ``[i, (p, j)] = T_ab[i, j]``.
+    """
+    n_l, r, _ = el.shape
+    m_prime = n_l * r
+    ebig = torch.zeros(n_l, r, n_l, r, dtype=el.dtype, device=el.device)  # [(i, c), (j, a)]
+    rows = torch.arange(n_l, device=el.device)
+    ebig[rows, :, rows, :] = el.transpose(1, 2)
+    ebig = ebig.view(m_prime, m_prime)
+    tfull = ebig.T @ torch.cholesky_solve(ebig, kchol)  # [(i, a), (j, b)]
+    tfull = 0.5 * (tfull + tfull.T)
+    iu = torch.triu_indices(r, r, device=el.device)
+    tpairs = tfull.view(n_l, r, n_l, r).permute(0, 1, 3, 2)[:, iu[0], iu[1], :]
+    return xl, tpairs.reshape(n_l, -1), iu
+
+
 @dataclass
 class _Timer:
     setup: float = 0.0
@@ -444,21 +474,7 @@ class _Bait:
                 q = fmat - z @ y.T - y @ z.T
                 q /= lam**2
             logdet0 = (big_d - m_prime) * math.log(lam) + 2.0 * float(kchol.diagonal().log().sum())
-            # For G_x below: x^T P_ab x = (||x||^2 delta_ab - b_a^T K^{-1} b_b) / lam with
-            # b_a[i r + c] = (x_i^T x) E_i[a, c], i.e. b_a^T K^{-1} b_b = k_x^T T_ab k_x with
-            # k_x = (x_i^T x)_i and the n_L x n_L matrices T_ab[i, j] = (E_i^T K^{-1}_ij E_j)[a, b]:
-            # O(n (n_L d + n_L^2 r(r+1)/2)) instead of O(n r m'^2) or n D^2.
-            ebig = torch.zeros(n_design, r, n_design, r, dtype=mdt, device=dev)  # [(i, c), (j, a)]
-            rows = torch.arange(n_design, device=dev)
-            ebig[rows, :, rows, :] = el.transpose(1, 2)
-            ebig = ebig.view(m_prime, m_prime)
-            tfull = ebig.T @ torch.cholesky_solve(ebig, kchol)  # [(i, a), (j, b)]
-            tfull = 0.5 * (tfull + tfull.T)
-            iu = torch.triu_indices(r, r, device=dev)
-            # n_L x (pairs * n_L): column block p = (a, b) with a <= b, entry [i, (p, j)] = T_ab[i, j].
-            tpairs = tfull.view(n_design, r, n_design, r).permute(0, 1, 3, 2)[:, iu[0], iu[1], :]
-            low_rank = (xl, tpairs.reshape(n_design, -1), iu)
-            del ebig, tfull, tpairs
+            low_rank = _design_pairs(xl, el, kchol)
             del lf, z, kmat
             method = "woodbury"
         else:
@@ -480,6 +496,18 @@ class _Bait:
             if fmat is not None:
                 q = p @ fmat @ p
             method = "cholesky"
+            # Cost model for G_x (multiply-adds per candidate): the dense block quadratic forms
+            # cost D^2 (r+1) / (2r); the Woodbury form below n_L d + n_L^2 r (r+1) / 2 (cheaper iff
+            # n_L < d, roughly; then m' < D and K is small).
+            if n_design * self.d + n_design**2 * r * (r + 1) // 2 < big_d * big_d * (r + 1) // (2 * r):
+                xl = self.x_all[design].to(mdt)
+                el = row_factors(None if self.probs is None else self.probs[design], n_design, dtype=mdt, device=dev)
+                el = el * math.sqrt(self.w_design)
+                lf = (el.permute(1, 0, 2)[:, None, :, :] * xl.T[None, :, :, None]).reshape(big_d, m_prime)
+                kmat = lf.T @ lf
+                kmat.diagonal().add_(lam)
+                low_rank = _design_pairs(xl, el, torch.linalg.cholesky(kmat))
+                del lf, kmat
         # Symmetrise and make row-major: LAPACK results are column-major, and the block matvecs
         # below need contiguous rows (a strided P made them 20x slower).
         p = (0.5 * (p + p.T)).contiguous()
