@@ -256,6 +256,7 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         **{k: v for k, v in asdict(row).items() if k in ("name", "strategy", "n", "d", "k", "batch", "dtype")},
         "device": diag.get("device", device),
         "threads": torch.get_num_threads(),
+        "worker_threads": diag.get("threads"),
         "setup_s": timings.get("setup", float("nan")),
         "step_s": timings.get("forward", float("nan")) / max(n_fwd, 1),
         "total_s": total,
@@ -330,7 +331,9 @@ def machine_lines(device: str, threads: int) -> list[str]:
         f"machine: {platform.node()} | {platform.system()} {platform.release()} | {cpu} | "
         f"{os.cpu_count()} logical CPUs | load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}",
         f"python {platform.python_version()} | torch {torch.__version__} | "
-        f"torch threads per row: {threads} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
+        f"torch threads per row: {threads} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); "
+        f"BAIT worker threads: BAIT_THREADS={os.environ.get('BAIT_THREADS', 'unset')} "
+        "(default max(torch threads, min(2, CPUs)); per row in the 'thr' column)",
         f"device: {device}"
         + (f" ({torch.cuda.get_device_name(0)})" if device.startswith("cuda") and torch.cuda.is_available() else ""),
     ]
@@ -345,6 +348,7 @@ COLUMNS = [
     ("k", "k", "{}"),
     ("batch", "B", "{}"),
     ("dtype", "dtype", "{}"),
+    ("worker_threads", "thr", "{}"),
     ("setup_s", "setup s", "{:.2f}"),
     ("step_s", "s/greedy step", "{:.4f}"),
     ("total_s", "total s", "{:.1f}"),
