@@ -286,15 +286,18 @@ def _first_best(scores: Tensor, eligible: Tensor, *, maximize: bool, rtol: float
     NaN/inf scores lose against every finite one; if no eligible score is finite, the first eligible
     position is returned.
     """
-    ok = eligible & torch.isfinite(scores)
+    ok = torch.isfinite(scores)
+    ok &= eligible
     if not bool(ok.any()):
         return int(torch.nonzero(eligible)[0, 0])
+    # Ineligible and non-finite entries become -inf (+inf when minimising), so the threshold test
+    # alone excludes them. Each line is one pass over n (scalar fills, no full-size constants).
     fill = float("-inf") if maximize else float("inf")
-    vals = torch.where(ok, scores, torch.full_like(scores, fill))
+    vals = torch.where(ok, scores, fill)
     best = vals.max() if maximize else vals.min()
-    tol = rtol * torch.where(ok, scores.abs(), torch.zeros_like(scores)).max()
-    hit = ok & ((scores >= best - tol) if maximize else (scores <= best + tol))
-    return int(torch.argmax(hit.to(torch.uint8)))
+    tol = rtol * torch.where(ok, scores.abs(), 0.0).max()
+    hit = (vals >= best - tol) if maximize else (vals <= best + tol)
+    return int(torch.argmax(hit.view(torch.uint8)))
 
 
 def _design_pairs(xl: Tensor, el: Tensor, kchol: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -697,7 +700,8 @@ class _Bait:
             for _ in workers.map(score_chunk, bounds):
                 pass
             for step in range(n_steps):
-                pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
+                with _intra_op_threads(self.n_threads):
+                    pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
                 picks.append(pos)
                 chosen[pos] = True
                 eligible[pos] = False
