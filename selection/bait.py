@@ -641,11 +641,13 @@ class _Bait:
         r = g.shape[1]
         if r == 1:
             # Rank one: one streaming GEMV in the pool dtype; the (float64) state absorbs the result.
-            t = (x @ blocks.to(x.dtype)).to(g.dtype)  # m x c
-            w = et[:, 0, 0] * t[:, 0]
+            # c x m = blocks^T X^T: 1.6x faster than X @ blocks (m x c) for c <= 2 (10.4 vs 6.5 GB/s
+            # of X read, one thread), and its rows are contiguous for the vector ops below.
+            t = (blocks.to(x.dtype).T.contiguous() @ x.T).to(g.dtype)  # c x m
+            w = et[:, 0, 0] * t[0]
             g[:, 0, 0] -= sigma * w * w
             if h is not None:
-                z = et[:, 0, 0] * t[:, 1]
+                z = et[:, 0, 0] * t[1]
                 h[:, 0, 0] -= (2.0 * sigma) * w * z
             return
         t = x.to(blocks.dtype) @ blocks  # m x (r * c * r)
