@@ -167,11 +167,15 @@ class Client:
             created, updated, job = created + out.created, updated + out.updated, out.embed_job_id or job
         return UpsertResult(created=created, updated=updated, embed_job_id=job)
 
-    def items(self, pool_id: str, status: str | None = None, *, page_size: int = 1000) -> Iterator[Item]:
-        """Every item (of a status), following the cursor."""
+    def items(
+        self, pool_id: str, status: str | None = None, *, page_size: int = 1000, include_embedding: bool = False
+    ) -> Iterator[Item]:
+        """Every item (of a status), following the cursor; with their embeddings if asked."""
         cursor: str | None = None
         while True:
             params: dict[str, Any] = {"limit": page_size}
+            if include_embedding:
+                params["include_embedding"] = "true"
             if status:
                 params["status"] = status
             if cursor:

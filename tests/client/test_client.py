@@ -68,6 +68,22 @@ def test_upload_from_pyarrow_table(bait: Client) -> None:
     assert bait.pool(pool.id).counts.items == 10 and bait.pool(pool.id).counts.labeled == 1
 
 
+def test_upload_from_pandas_dataframe_stores_the_embeddings(bait: Client) -> None:
+    import pandas as pd
+
+    pool = bait.create_pool("frame", classes=["a", "b"], embedding_dim=4)
+    X, _ = blobs(12, d=4)
+    frame = pd.DataFrame({"id": [f"p{i}" for i in range(12)], "embedding": [list(map(float, r)) for r in X]})
+    frame["extra"] = 1  # other columns are ignored
+    assert bait.upload(pool.id, frame).created == 12
+    stored = {it.id: it.embedding for it in bait.items(pool.id, include_embedding=True)}
+    assert sorted(stored) == sorted(frame["id"])
+    for i, row in enumerate(X):
+        np.testing.assert_array_equal(np.asarray(stored[f"p{i}"], dtype=np.float32), row.astype(np.float32))
+    with pytest.raises(KeyError):
+        bait.upload(pool.id, frame.drop(columns=["embedding"]))
+
+
 def test_errors_are_bait_errors_with_code_and_message(bait: Client) -> None:
     with pytest.raises(BaitError) as err:
         bait.pool("nope")
