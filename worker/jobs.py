@@ -36,7 +36,8 @@ from selection.heads import HeadConfig, TrainedHead, load_checkpoint, save_check
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.store import batches as store
-from service.store.models import Checkpoint, Pool
+from service.store.attempts import finish_attempt
+from service.store.models import Batch, Checkpoint, Pool
 from worker import context
 from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
 
@@ -356,28 +357,32 @@ def _store_batch(
         end = time.perf_counter()
         timings["store"] += end - started[1]  # without the commit itself
         timings["total"] = end - started[0]
-        batch.item_ids = [data.external_ids[int(r)] for r in rows]
-        batch.objective = result.objective
-        batch.diagnostics = _jsonable(
-            {
-                "timings": timings,
-                "selection": result.diagnostics,
-                "head": None if trained is None else dict(trained.metrics),
-                "n_pool": data.n,
-                "n_labeled": int(data.labeled.shape[0]),
-                "n_reserved_by_others": int(data.reserved.shape[0]),
-                "reselections": retry,
-                "attempt": spec.attempt,
-                "seed": spec.seed,
-            }
-        )
-        batch.checkpoint_id = None if checkpoint is None else checkpoint.id
-        batch.status = "succeeded"
-        batch.progress_stage = "done"
-        batch.progress_done = len(rows)
-        batch.progress_total = len(rows)
-        batch.finished_at = now
-        batch.heartbeat_at = now
+        finished = {
+            "item_ids": [data.external_ids[int(r)] for r in rows],
+            "objective": result.objective,
+            "diagnostics": _jsonable(
+                {
+                    "timings": timings,
+                    "selection": result.diagnostics,
+                    "head": None if trained is None else dict(trained.metrics),
+                    "n_pool": data.n,
+                    "n_labeled": int(data.labeled.shape[0]),
+                    "n_reserved_by_others": int(data.reserved.shape[0]),
+                    "reselections": retry,
+                    "attempt": spec.attempt,
+                    "seed": spec.seed,
+                }
+            ),
+            "checkpoint_id": None if checkpoint is None else checkpoint.id,
+            "status": "succeeded",
+            "progress_stage": "done",
+            "progress_done": len(rows),
+            "progress_total": len(rows),
+            "finished_at": now,
+            "heartbeat_at": now,
+        }
+        if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished):
+            raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
 
 
 def _jsonable(value: Any) -> Any:

@@ -134,17 +134,20 @@ def cancel_batch(session: Session, tenant_id: str, pool_id: str, batch_id: str) 
     batch = store.get_batch(session, pool.id, batch_id, for_update=True)
     if batch is None:
         raise NotFound(f"batch {batch_id!r} not found in pool {pool_id!r}")
-    if batch.status not in CANCELLABLE:
+    now = utcnow()
+    from_status = batch.status
+    # Check and write in one statement: a job finishing at the same moment either sees "cancelled" and
+    # writes nothing, or has committed first and its reservations are released below.
+    if not store.cancel_if(session, batch.id, CANCELLABLE, now):
+        session.refresh(batch)
         raise Conflict(
             f"batch {batch_id!r} is {batch.status} and cannot be cancelled", details={"status": batch.status}
         )
-    now = utcnow()
+    session.refresh(batch)
     released = store.release_reservations(session, batch.id, now)
     diagnostics = dict(batch.diagnostics or {})
-    diagnostics["cancelled"] = {"from_status": batch.status, "released_items": released}
+    diagnostics["cancelled"] = {"from_status": from_status, "released_items": released}
     batch.diagnostics = diagnostics
-    batch.status = "cancelled"
-    batch.finished_at = now
     return batch
 
 

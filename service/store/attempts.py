@@ -61,3 +61,16 @@ def touch_attempt(
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount) == 1  # type: ignore[attr-defined]
+
+
+def finish_attempt(session: Session, model: JobModel, row_id: str, attempt: int, values: dict[str, Any]) -> bool:
+    """Write a running attempt's final state in one conditional UPDATE; False (nothing written) when the
+    row stopped being this attempt's meanwhile (cancelled, or taken over). The check and the write are
+    one statement, so a cancellation committed after the job last looked can never be overwritten."""
+    result = session.execute(
+        update(model)
+        .where(model.id == row_id, model.status == "running", model.attempts == attempt)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount) == 1  # type: ignore[attr-defined]

@@ -186,6 +186,17 @@ def get_batch(session: Session, pool_id: str, batch_id: str, *, for_update: bool
     return session.execute(stmt).scalar_one_or_none()
 
 
+def cancel_if(session: Session, batch_id: str, statuses: tuple[str, ...], now: datetime) -> bool:
+    """``status := cancelled`` if the batch is in one of ``statuses``, as one conditional UPDATE."""
+    result = session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.status.in_(statuses))
+        .values(status="cancelled", finished_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount) == 1  # type: ignore[attr-defined]
+
+
 def get_batch_by_id(session: Session, batch_id: str, *, for_update: bool = False) -> Batch | None:
     stmt = select(Batch).where(Batch.id == batch_id)
     if for_update:

@@ -147,3 +147,19 @@ def test_job_of_a_missing_batch_fails_clearly(client: TestClient) -> None:
 
     with pytest.raises(LookupError, match="batch nope does not exist"):
         jobs.run_batch("nope")
+
+
+def test_an_attempt_cannot_finish_a_batch_cancelled_meanwhile(db: sessionmaker[Session], client: TestClient) -> None:
+    from service.store.attempts import finish_attempt
+    from service.store.batches import cancel_if
+
+    pool = make_pool(db, n=20, n_labeled=5)
+    batch_id = dead_batch(db, pool.pool_id, attempts=1, beat_age_s=0.0)  # running, attempt 1
+    with session_scope(db) as s:  # the user's cancel commits while the job is still selecting
+        assert cancel_if(s, batch_id, ("queued", "running", "succeeded"), datetime.now(UTC))
+    with session_scope(db) as s:  # the job, which last saw "running", tries to finish
+        assert not finish_attempt(s, Batch, batch_id, 1, {"status": "succeeded", "item_ids": ["x"]})
+    batch = batch_row(db, batch_id)
+    assert batch.status == "cancelled" and batch.item_ids is None
+    with session_scope(db) as s:  # and a cancelled batch cannot be cancelled again
+        assert not cancel_if(s, batch_id, ("queued", "running", "succeeded"), datetime.now(UTC))
