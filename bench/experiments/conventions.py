@@ -69,16 +69,16 @@ def _relabel(settings: list[Setting], prefix: str) -> list[Setting]:
 
 FULL: dict[str, dict[str, Any]] = {
     "linear": {
-        "reps": ["learned", "random"],
+        "reps": ["random"],
         "pool": 3000,
         "test": 2000,
         "m0": 10,
         "batch": 10,
-        "rounds": 30,
+        "rounds": 20,
         "max_epochs": 500,
         "rep_rows": 5000,
     },
-    "mlp": {"pool": 6000, "test": 2000, "m0": 100, "max_epochs": 100, "hidden": 128, "rounds": {100: 10}},
+    "mlp": {"pool": 4000, "test": 2000, "m0": 100, "max_epochs": 100, "hidden": 128, "rounds": {100: 5}},
 }
 SMOKE: dict[str, dict[str, Any]] = {
     "linear": {

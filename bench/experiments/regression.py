@@ -86,17 +86,17 @@ def diamonds(pool: int, test: int) -> Split:
 
 
 FULL = {
-    "mnist-mlp": {"pool": 8000, "test": 2000, "m0": 100, "batch": 10, "rounds": 30, "max_epochs": 200, "hidden": 128},
+    "mnist-mlp": {"pool": 8000, "test": 2000, "m0": 100, "batch": 10, "rounds": 20, "max_epochs": 200, "hidden": 128},
     "mnist-linear": {
         "pool": 8000,
         "test": 2000,
         "m0": 100,
         "batch": 10,
-        "rounds": 30,
+        "rounds": 20,
         "max_epochs": 200,
         "hidden": 128,
     },
-    "diamonds-mlp": {"pool": 8000, "test": 2000, "m0": 20, "batch": 10, "rounds": 30, "max_epochs": 200, "hidden": 128},
+    "diamonds-mlp": {"pool": 8000, "test": 2000, "m0": 20, "batch": 10, "rounds": 20, "max_epochs": 200, "hidden": 128},
 }
 SMOKE = {
     "mnist-mlp": {"pool": 150, "test": 60, "m0": 10, "batch": 5, "rounds": 3, "max_epochs": 3, "hidden": 16},
