@@ -13,7 +13,8 @@ process, Python, torch and the generated data included) is its own. Rows flagged
 explicit ``kd x k`` factors and no structure (as in the authors' code), on the same data in the same
 run. With ``--naive-limit N`` only its first ``N`` greedy steps are timed and its total is
 extrapolated (setup + per-step time x steps; stated in the ``note`` column); its picks are compared
-with the structured picks on those steps.
+with the structured picks on those steps. With ``--naive-limit 0`` it runs in full, forward and
+backward, and both its forward picks and its final batch are compared (``fwd a/2B, final b/B``).
 
 Adding a row: append a :class:`Row` to :data:`ROWS` (any strategy of ``selection.STRATEGIES``; the
 row is run through :func:`selection.select`).
@@ -148,8 +149,10 @@ def naive_forward(
     lam: float,
     steps: int,
     chunk: int = 256,
+    backward_to: int | None = None,
 ) -> dict[str, Any]:
-    """Direct Woodbury BAIT forward pass in the full ``kd`` space, ``reference`` convention, float64.
+    """Direct Woodbury BAIT in the full ``kd`` space, ``reference`` convention, float64: ``steps``
+    forward steps, then (with ``backward_to``) backward pruning down to that many picks.
 
     Per step: ``P = M^{-1}`` (explicit inverse), ``Q = P F P``, and for every candidate the explicit
     ``kd x k`` factor ``V_x``, ``g = V^T P V``, ``h = V^T Q V``, score ``tr(h (I+g)^{-1})``:
@@ -212,7 +215,27 @@ def naive_forward(
         v = factors(cands[j : j + 1])[0]
         mmat += w_s * (v @ v.T)
         step_times.append(time.perf_counter() - ts)
-    return {"setup": setup, "step_times": step_times, "picks": picks}
+    out: dict[str, Any] = {"setup": setup, "step_times": step_times, "picks": picks}
+    if backward_to is not None:
+        # Backward pruning, as directly: remove the pick whose removal raises tr(M^-1 F) least,
+        # tr(U^T Q U (I - U^T P U)^-1) with P and Q recomputed from M at every step.
+        tb = time.perf_counter()
+        alive = sorted(picks)
+        while len(alive) > backward_to:
+            p = torch.linalg.inv(mmat)
+            q = p @ fmat @ p
+            v = factors(torch.tensor(alive, device=dev)) * math.sqrt(w_s)
+            g = v.transpose(1, 2) @ torch.einsum("ab,mbk->mak", p, v)
+            h = v.transpose(1, 2) @ torch.einsum("ab,mbk->mak", q, v)
+            eye = torch.eye(g.shape[1], dtype=f64, device=dev)
+            scores = torch.linalg.solve(eye - g, h).diagonal(dim1=1, dim2=2).sum(-1)
+            j = int(torch.argmin(scores))
+            gone = alive.pop(j)
+            v = factors(torch.tensor([gone], device=dev))[0]
+            mmat -= w_s * (v @ v.T)
+        out["backward_s"] = time.perf_counter() - tb
+        out["kept"] = [r for r in picks if r in set(alive)]
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,23 +314,31 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         lam = float(row.params.get("lam", 1.0))
         n_fwd_target = 2 * row.batch
         limit = n_fwd_target if naive_limit <= 0 else min(naive_limit, n_fwd_target)
-        nv = naive_forward(x, probs, labeled, batch, lam=lam, steps=limit)
+        full = limit == n_fwd_target
+        nv = naive_forward(x, probs, labeled, batch, lam=lam, steps=limit, backward_to=batch if full else None)
         step = float(np.mean(nv["step_times"]))
         n_cand = row.n - row.n_labeled
-        # Backward steps score only the 2B picks: same per-candidate work, scaled by 2B / n_C.
-        naive_total = nv["setup"] + step * n_fwd_target + step * (2 * row.batch / n_cand) * row.batch
         fast_fwd = diag.get("forward_indices", [])[:limit]
-        out["naive_s"] = naive_total
-        out["naive_step_s"] = step
-        out["speedup"] = naive_total / out["total_s"]
-        out["picks_match"] = f"{sum(a == b for a, b in zip(fast_fwd, nv['picks'], strict=False))}/{limit}"
-        if limit < n_fwd_target:
+        fwd_match = sum(a == b for a, b in zip(fast_fwd, nv["picks"], strict=False))
+        if full:
+            naive_total = nv["setup"] + float(np.sum(nv["step_times"])) + nv["backward_s"]
+            kept_match = sum(a == b for a, b in zip(res.indices.tolist(), nv["kept"], strict=False))
+            out["picks_match"] = f"fwd {fwd_match}/{limit}, final {kept_match}/{batch}"
+            out["notes"].append(
+                f"naive ran in full: setup {nv['setup']:.1f} s, {limit} forward steps "
+                f"{float(np.sum(nv['step_times'])):.0f} s, backward {nv['backward_s']:.1f} s"
+            )
+        else:
+            # Backward steps score only the 2B picks: same per-candidate work, scaled by 2B / n_C.
+            naive_total = nv["setup"] + step * n_fwd_target + step * (2 * row.batch / n_cand) * row.batch
+            out["picks_match"] = f"{fwd_match}/{limit}"
             out["notes"].append(
                 f"naive timed on {limit}/{n_fwd_target} forward steps and extrapolated "
                 f"(setup {nv['setup']:.1f} s + {step:.2f} s/step)"
             )
-        elif list(fast_fwd) == nv["picks"]:
-            out["notes"].append("naive ran in full")
+        out["naive_s"] = naive_total
+        out["naive_step_s"] = step
+        out["speedup"] = naive_total / out["total_s"]
     out["notes"] = "; ".join(out["notes"])
     return out
 
