@@ -36,7 +36,7 @@ def test_selection_speed_smoke_prints_a_table_with_finite_numbers(tmp_path: Path
     assert "torch threads per row: 1" in proc.stdout
     rows = json.loads(out_json.read_text())
     names = {r["name"] for r in rows}
-    assert {"smoke-naive", "smoke-f32", "smoke-regression", "smoke-approx"} <= names
+    assert {"smoke-naive", "smoke-f32", "smoke-badge", "smoke-regression", "smoke-approx"} <= names
     for r in rows:
         assert r["name"] in proc.stdout
         for key in ("setup_s", "step_s", "total_s", "peak_gb"):
