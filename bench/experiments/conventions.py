@@ -78,7 +78,7 @@ FULL: dict[str, dict[str, Any]] = {
         "max_epochs": 500,
         "rep_rows": 5000,
     },
-    "mlp": {"pool": 4000, "test": 2000, "m0": 100, "max_epochs": 100, "hidden": 128, "rounds": {100: 5}},
+    "mlp": {"pool": 3000, "test": 2000, "m0": 100, "max_epochs": 100, "hidden": 128, "rounds": {100: 5}},
 }
 SMOKE: dict[str, dict[str, Any]] = {
     "linear": {

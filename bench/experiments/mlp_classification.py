@@ -77,8 +77,8 @@ def load_split(dataset: str, pool: int, test: int) -> Split:
 
 
 #: Rounds per batch size in the full run (labels at the end: 100 + rounds x B).
-FULL_ROUNDS = {10: 20, 100: 10, 1000: 2}
-FULL = {"pool": 4000, "test": 2000, "m0": 100, "max_epochs": 100, "hidden": 128}
+FULL_ROUNDS = {10: 10, 100: 5, 1000: 2}
+FULL = {"pool": 3000, "test": 2000, "m0": 100, "max_epochs": 100, "hidden": 128}
 SMOKE_ROUNDS = {5: 2}
 SMOKE = {"pool": 200, "test": 100, "m0": 20, "max_epochs": 3, "hidden": 16}
 
