@@ -332,7 +332,7 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
     else:
         out["peak_gb"] = peak_rss_gb()
     if row.naive:
-        lam = float(row.params.get("lam", 1.0))
+        lam = float(row.params.get("lam", selection.STRATEGIES[row.strategy].params["lam"]))
         n_fwd_target = 2 * row.batch
         limit = n_fwd_target if naive_limit <= 0 else min(naive_limit, n_fwd_target)
         full = limit == n_fwd_target

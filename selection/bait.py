@@ -149,6 +149,14 @@ class _Workers:
 # --------------------------------------------------------------------------------------------------
 
 
+#: Default ridge of BAIT's ``M`` (``bait`` and ``bait_nofisher``). With the ``reference`` weights
+#: the design terms are averages of ``I(x)``, so ``lam`` competes with them directly; experiment 5
+#: (docs/results/conventions/) found ``0.01`` better than ``1`` with the reference convention on
+#: linear and MLP heads, and ``lam = 1`` made BAIT worse than random on MNIST regression with an MLP
+#: (hidden features of small norm: ``lam I`` swamps ``M`` and BAIT chases the top principal directions).
+DEFAULT_LAM = 0.01
+
+
 def design_weights(convention: str, n_design: int, batch_size: int) -> tuple[float, float]:
     """``(w_L, w_S)``: weights of labeled/reserved rows and of picked rows in ``M``.
 
@@ -906,7 +914,7 @@ def _run(
 def bait(
     problem: Problem,
     *,
-    lam: float = 1.0,
+    lam: float = DEFAULT_LAM,
     oversample: float = 2,
     convention: str = "reference",
     approx: str | None = None,
@@ -918,7 +926,7 @@ def bait(
 
     Args:
         problem: the validated pool (``X`` is ``n x d``, ``probs`` ``n x k`` or ``None``).
-        lam: ridge ``lam > 0`` of ``M``.
+        lam: ridge ``lam > 0`` of ``M`` (default :data:`DEFAULT_LAM`, chosen by experiment 5).
         oversample: the forward pass picks ``min(oversample * B, n_C)`` points (``1`` = forward only).
         convention: weights of labeled/reserved and picked rows in ``M``: ``"reference"``
             (authors' code), ``"paper"`` or ``"sum"`` (see the module docstring).
@@ -957,7 +965,7 @@ def bait(
 def bait_nofisher(
     problem: Problem,
     *,
-    lam: float = 1.0,
+    lam: float = DEFAULT_LAM,
     oversample: float = 2,
     convention: str = "reference",
     approx: str | None = None,
@@ -968,7 +976,7 @@ def bait_nofisher(
 
     Args:
         problem: the validated pool.
-        lam: ridge ``lam > 0``.
+        lam: ridge ``lam > 0`` (default :data:`DEFAULT_LAM`, as :func:`bait`).
         oversample: forward picks ``min(oversample * B, n_C)``.
         convention: ``"reference"``, ``"paper"`` or ``"sum"``.
         approx: ``None`` or ``"pca"``.

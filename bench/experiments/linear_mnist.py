@@ -25,6 +25,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,14 +48,19 @@ EXPERIMENT = "linear_mnist"
 REPRESENTATIONS = ("learned", "random")
 
 
-def strategies(lam: float = 1.0, convention: str = "reference") -> list[StrategySpec]:
-    """The paper's eight agents for this experiment (BAIT forward only)."""
-    bait_params = {"lam": lam, "convention": convention, "oversample": 1}
+def strategies(lam: float | None = None, convention: str = "reference") -> list[StrategySpec]:
+    """The paper's eight agents for this experiment (BAIT forward only).
+
+    ``lam`` is BAIT's ridge (``None``: the library default); the log-det strategies keep theirs (1).
+    """
+    bait_params: dict[str, Any] = {"convention": convention, "oversample": 1}
+    if lam is not None:
+        bait_params["lam"] = lam
     return [
         StrategySpec("bait", "bait", bait_params),
         StrategySpec("bait_nofisher", "bait_nofisher", bait_params),
-        StrategySpec("logdet_rank1", "logdet_rank1", {"lam": lam}),
-        StrategySpec("logdet_fisher", "logdet_fisher", {"lam": lam}),
+        StrategySpec("logdet_rank1", "logdet_rank1"),
+        StrategySpec("logdet_fisher", "logdet_fisher"),
         StrategySpec("badge", "badge"),
         StrategySpec("coreset", "coreset"),
         StrategySpec("confidence", "confidence"),
@@ -159,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in FULL:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the head")
-    p.add_argument("--lam", type=float, default=1.0, help="ridge of the BAIT / log-det design matrix")
+    p.add_argument("--lam", type=float, default=None, help="BAIT's ridge (default: the library's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

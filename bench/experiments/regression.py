@@ -44,10 +44,12 @@ EXPERIMENT = "regression"
 CONFIGS = ("mnist-mlp", "mnist-linear", "diamonds-mlp")
 
 
-def strategies(lam: float = 1.0, convention: str = "reference") -> list[StrategySpec]:
+def strategies(lam: float | None = None, convention: str = "reference") -> list[StrategySpec]:
     """BAIT (forward-backward), Core-set and random: the strategies that support regression."""
     return [
-        StrategySpec("bait", "bait", {"lam": lam, "convention": convention, "oversample": 2}),
+        StrategySpec(
+            "bait", "bait", {**({} if lam is None else {"lam": lam}), "convention": convention, "oversample": 2}
+        ),
         StrategySpec("coreset", "coreset"),
         StrategySpec("random", "random"),
     ]
@@ -134,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=None, help="subset of the strategies, comma-separated")
     p.add_argument("--rounds", type=int, default=None, help="override the rounds of every configuration")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    p.add_argument("--lam", type=float, default=1.0, help="BAIT ridge")
+    p.add_argument("--lam", type=float, default=None, help="BAIT's ridge (default: the library's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from selection.bait import DEFAULT_LAM
+
 
 @dataclass
 class NaiveResult:
@@ -64,7 +66,7 @@ def naive_bait(
     reserved: list[int],
     batch: int,
     *,
-    lam: float = 1.0,
+    lam: float = DEFAULT_LAM,
     oversample: int = 2,
     convention: str = "reference",
     mode: str = "fisher",
