@@ -48,3 +48,28 @@ def test_selection_speed_smoke_prints_a_table_with_finite_numbers(tmp_path: Path
     assert math.isfinite(naive["speedup"]) and naive["speedup"] > 0
     approx = next(r for r in rows if r["name"] == "smoke-approx")
     assert abs(approx["gap"]) < 0.05
+
+
+def test_float32_agreement_smoke_reports_every_configuration() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "float32_agreement.py"), "--problems", "2", "--n", "150", "--d", "6"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith("| classification") or line.startswith("| regression")
+    ]
+    assert len(rows) == 5, proc.stdout
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        same, total = (int(v) for v in cells[3].split("/"))
+        assert total == 2 and 0 <= same <= 2
+        gaps = [float(c.rstrip("%")) for c in cells[4:7]]
+        assert all(math.isfinite(g) and abs(g) < 50 for g in gaps), line
