@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bench.experiments import conventions, linear_mnist, mlp_classification, penalty, regression
+from bench.experiments import conventions, linear_mnist, mlp_classification, penalty, regression, summary
 from bench.experiments.common import initial_labels, read_results
 from bench.experiments.penalty_matrix import budgets_for, paired_t, penalty_matrix, t_threshold
 
@@ -256,3 +256,37 @@ def test_penalty_matrix_needs_a_significant_difference() -> None:
 
     res = penalty_matrix(_rows("e", "accuracy", {"random": base, "noisy": noisy}))
     assert np.all(res.matrix == 0)
+
+
+def test_summary_counts_significant_rounds_against_random(tmp_path: Path) -> None:
+    def rand(rnd: int, lab: int, s: int) -> float:
+        return RANDOM_CURVE[rnd] + 0.01 * ((s * 7) % 5 - 2)
+
+    def ahead(rnd: int, lab: int, s: int) -> float:  # better from round 1 on, by a seed-independent-ish margin
+        return rand(rnd, lab, s) + (0.0 if rnd == 0 else 0.05 + 0.001 * s)
+
+    def behind(rnd: int, lab: int, s: int) -> float:  # worse in rounds 1-3 only
+        return rand(rnd, lab, s) - (0.04 + 0.001 * s if 1 <= rnd <= 3 else 0.0)
+
+    rows = _rows("exp1", "accuracy", {"random": rand, "ahead": ahead, "behind": behind})
+    text = summary.summarize(rows)
+    lines = {
+        line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and "---" not in line
+    }
+    assert lines["ahead"].rstrip(" |").endswith(f"{len(LABELS) - 1} / 0")
+    assert lines["behind"].rstrip(" |").endswith("0 / 3")
+    assert lines["random"].rstrip(" |").endswith("—")
+    # Best first: ahead, random, behind.
+    order = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert order[1:] == ["ahead", "random", "behind"]
+
+    csv_path = tmp_path / "results.csv"
+    with csv_path.open("w", newline="") as f:
+        fields = ["experiment", "config", "strategy", "seed", "round", "labels", "metric", "value", "train_epochs",
+                  "train_s", "select_s", "round_s"]  # fmt: skip
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "train_epochs": 1, "train_s": 0.0, "select_s": 0.0, "round_s": 0.0})
+    out = summary.main(["--inputs", str(csv_path), "--out", str(tmp_path / "summary.md")])
+    assert "### exp1 / c (accuracy" in out.read_text()
