@@ -31,7 +31,7 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -445,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="time the naive method on this many forward steps and extrapolate (0 = run it in full)",
     )
+    ap.add_argument(
+        "--full", action="store_true", help="run rows that normally run a smaller B and extrapolate at their full B"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -470,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in ROWS if r.name in wanted]
     else:
         rows = [r for r in ROWS if (r.smoke if args.smoke else r.default)]
+    if args.full:
+        rows = [replace(r, run_batch=None) for r in rows]
 
     for line in machine_lines(args.device, args.threads):
         print(line)
