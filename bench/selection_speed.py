@@ -320,7 +320,9 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         exact_params = {k: v for k, v in row.params.items() if k not in ("approx", "approx_dim")}
         exact = selection.select(row.strategy, batch_size=batch, dtype=row.dtype, **kwargs, **exact_params)
         approx_exact = diag.get("exact_objective", res.objective)
-        gap = approx_exact / exact.objective - 1.0
+        if approx_exact is None or exact.objective is None:
+            raise RuntimeError(f"row {row.name}: {row.strategy} reports no objective to compare")
+        gap = float(approx_exact) / exact.objective - 1.0
         out["notes"].append(
             f"approx gap {100 * gap:+.2f}% (exact obj {exact.objective:.6g}, exact run "
             f"{exact.diagnostics['timings']['total']:.1f} s)"
