@@ -23,6 +23,7 @@ import argparse
 import io
 import os
 import platform
+import secrets
 import socket
 import subprocess
 import sys
@@ -159,6 +160,9 @@ def api_server(url: str) -> Iterator[str]:
         "BAIT_PRINT_BOOTSTRAP_KEY": "false",
         "BAIT_MAX_UPLOAD_BYTES": str(8 * 2**30),
         "BAIT_LOG_LEVEL": "WARNING",
+        # PostgreSQL requires a secret key (it encrypts integration secrets); the scratch database
+        # holds none, so a throwaway key will do when the caller has not set one.
+        "BAIT_SECRET_KEY": os.environ.get("BAIT_SECRET_KEY") or secrets.token_urlsafe(32),
     }
     env.pop("BAIT_REDIS_URL", None)
     cmd = [sys.executable, "-m", "uvicorn", "service.main:create_app", "--factory", "--port", str(port)]
