@@ -54,6 +54,11 @@ def touch_attempt(
     values: dict[str, Any] = {"heartbeat_at": now}
     if progress is not None:
         values.update(progress_stage=progress[0], progress_done=progress[1], progress_total=progress[2])
+    return _update_if_running(session, model, row_id, attempt, values)
+
+
+def _update_if_running(session: Session, model: JobModel, row_id: str, attempt: int, values: dict[str, Any]) -> bool:
+    """One UPDATE of ``values`` that applies only while the row is still this attempt's running job."""
     result = session.execute(
         update(model)
         .where(model.id == row_id, model.status == "running", model.attempts == attempt)
@@ -67,10 +72,4 @@ def finish_attempt(session: Session, model: JobModel, row_id: str, attempt: int,
     """Write a running attempt's final state in one conditional UPDATE; False (nothing written) when the
     row stopped being this attempt's meanwhile (cancelled, or taken over). The check and the write are
     one statement, so a cancellation committed after the job last looked can never be overwritten."""
-    result = session.execute(
-        update(model)
-        .where(model.id == row_id, model.status == "running", model.attempts == attempt)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount) == 1  # type: ignore[attr-defined]
+    return _update_if_running(session, model, row_id, attempt, values)
