@@ -9,7 +9,7 @@ Prints the machine, torch threads and device, then one table row per benchmark r
 
 Every row runs in a fresh subprocess, so its peak memory (``VmHWM`` of /proc/self/status: the whole
 process, Python, torch and the generated data included) is its own. Rows flagged ``naive`` also run
-:func:`naive_forward`, a direct implementation of the paper's Woodbury score per candidate with
+:func:`naive_bait`, a direct implementation of the paper's Woodbury score per candidate with
 explicit ``kd x k`` factors and no structure (as in the authors' code), on the same data in the same
 run. With ``--naive-limit N`` only its first ``N`` greedy steps are timed and its total is
 extrapolated (setup + per-step time x steps; stated in the ``note`` column); its picks are compared
@@ -159,7 +159,7 @@ def make_data(row: Row, seed: int, device: str) -> tuple[torch.Tensor, torch.Ten
 # --------------------------------------------------------------------------------------------------
 
 
-def naive_forward(
+def naive_bait(
     x: torch.Tensor,
     probs: torch.Tensor | None,
     labeled: np.ndarray,
@@ -338,7 +338,7 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         n_fwd_target = 2 * row.batch
         limit = n_fwd_target if naive_limit <= 0 else min(naive_limit, n_fwd_target)
         full = limit == n_fwd_target
-        nv = naive_forward(x, probs, labeled, batch, lam=lam, steps=limit, backward_to=batch if full else None)
+        nv = naive_bait(x, probs, labeled, batch, lam=lam, steps=limit, backward_to=batch if full else None)
         step = float(np.mean(nv["step_times"]))
         n_cand = row.n - row.n_labeled
         fast_fwd = diag.get("forward_indices", [])[:limit]
