@@ -1,4 +1,9 @@
-"""The `bait` command line: serve, worker, migrate, keys create|list|revoke."""
+"""The `bait` command line: serve, worker, migrate, keys create|list|revoke, demo.
+
+Every command names the database it uses (on stderr) and, on a missing or outdated schema, prints one
+line saying what to run and exits with status 2. In embedded mode (SQLite) `bait serve` migrates by
+itself; with PostgreSQL the schema changes only through `bait migrate` (or `bait serve --migrate`).
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,46 @@ import sys
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.domain import keys as keys_domain
-from service.migrate import upgrade
+from service.migrate import SchemaOutdated, schema_problem, upgrade
+
+
+class CommandError(RuntimeError):
+    """An expected failure of a command: its message is printed as one line, the exit status is 2."""
+
+
+def _announce(settings: Settings) -> None:
+    """The database every command is about to use, on stderr (stdout stays for what scripts read)."""
+    kind = "SQLite" if settings.is_sqlite else "PostgreSQL"
+    print(f"database: {settings.database_label()} ({kind})", file=sys.stderr, flush=True)
+
+
+def _require_sqlite_file(settings: Settings) -> None:
+    """Refuse to work on a SQLite file that does not exist (connecting would create an empty one)."""
+    path = settings.sqlite_path()
+    if path is not None and not path.exists():
+        raise CommandError(
+            f"no database at {path}: start the service once (`bait serve`) or run `bait migrate` there, "
+            "or point BAIT_DATABASE_URL at your database"
+        )
+
+
+def _require_schema(settings: Settings) -> None:
+    """One line saying what to run when the schema is missing or not the newest."""
+    _require_sqlite_file(settings)
+    engine = make_engine(settings)
+    try:
+        problem = schema_problem(engine, settings.database_url, settings.database_label())
+    finally:
+        engine.dispose()
+    if problem is not None:
+        raise SchemaOutdated(problem)
 
 
 def _cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
-    if settings.is_sqlite and (path := settings.sqlite_path()) is not None:
+    if (path := settings.sqlite_path()) is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database_url)
-    print(f"database at the newest schema: {settings.database_url.split('@')[-1]}")
+    print(f"database at the newest schema: {settings.database_label()}")
     return 0
 
 
@@ -26,8 +63,11 @@ def _cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
     from service.main import create_app
 
-    if args.migrate:
+    _announce(settings)
+    if args.migrate or settings.is_sqlite:  # embedded mode keeps its own schema up to date
         _cmd_migrate(settings, args)
+    else:
+        _require_schema(settings)
     if settings.print_bootstrap_key:
         factory = make_sessionmaker(make_engine(settings))
         with session_scope(factory) as session:
@@ -41,6 +81,10 @@ def _cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    if not settings.redis_url:
+        raise CommandError("`bait worker` needs BAIT_REDIS_URL (without it `bait serve` runs jobs in-process)")
+    _announce(settings)
+    _require_schema(settings)
     # The worker process is where the numerics live; the web process never imports them.
     worker_main = importlib.import_module("worker.rq_worker")
     result: int = worker_main.run(settings, burst=args.burst, name=args.name)
@@ -48,6 +92,8 @@ def _cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
+    _announce(settings)
+    _require_schema(settings)
     factory = make_sessionmaker(make_engine(settings))
     with session_scope(factory) as session:
         if args.keys_cmd == "create":
@@ -68,6 +114,12 @@ def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(_settings: Settings, args: argparse.Namespace) -> int:
+    from service import demo  # httpx + numpy + scikit-learn's bundled data, imported only here
+
+    return demo.run(url=args.url, key=args.key, rounds=args.rounds, batch_size=args.batch_size, seed=args.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bait", description="bait-service: which items to label next")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -79,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     w.add_argument("--name", default=None)
     sub.add_parser("migrate", help="upgrade the database schema to the newest migration")
+    d = sub.add_parser("demo", help="the whole loop against a running service, on scikit-learn's digits")
+    d.add_argument("--url", default="http://127.0.0.1:8000", help="the service (default: %(default)s)")
+    d.add_argument("--key", default=None, help="an API key (default: $BAIT_API_KEY)")
+    d.add_argument("--rounds", type=int, default=3, help="batches to request and label (default: %(default)s)")
+    d.add_argument("--batch-size", type=int, default=20, help="items per batch (default: %(default)s)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the data split and the batches (default: 0)")
     k = sub.add_parser("keys", help="manage API keys")
     ksub = k.add_subparsers(dest="keys_cmd", required=True)
     kc = ksub.add_parser("create", help="mint a key for a tenant (created if new); prints the key last")
@@ -93,16 +151,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except ValueError as exc:  # pydantic's ValidationError: a bad BAIT_* variable
+        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers = {"serve": _cmd_serve, "worker": _cmd_worker, "migrate": _cmd_migrate, "keys": _cmd_keys}
+    handlers = {
+        "serve": _cmd_serve,
+        "worker": _cmd_worker,
+        "migrate": _cmd_migrate,
+        "keys": _cmd_keys,
+        "demo": _cmd_demo,
+    }
     try:
         return handlers[args.cmd](settings, args)
     except Exception as exc:  # a CLI prints one clear line, not a traceback, for expected failures
-        from service.errors import ServiceError
-        from service.migrate import SchemaOutdated
+        from sqlalchemy.exc import OperationalError
 
-        if isinstance(exc, ServiceError | SchemaOutdated | ValueError):
+        from service.crypto import SecretKeyError
+        from service.errors import ServiceError
+
+        if isinstance(exc, OperationalError):
+            reason = str(exc.orig or exc).strip().splitlines()[0]
+            print(f"error: cannot use the database at {settings.database_label()}: {reason}", file=sys.stderr)
+            return 2
+        if isinstance(exc, CommandError | ServiceError | SchemaOutdated | SecretKeyError | ValueError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         raise

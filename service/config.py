@@ -96,6 +96,19 @@ class Settings(BaseSettings):
             raise ValueError("BAIT_DATABASE_URL must be a sqlite:// or postgresql+psycopg:// URL")
         return v
 
+    @field_validator("database_url")
+    @classmethod
+    def _absolute_sqlite_path(cls, v: str) -> str:
+        # Resolved once, against the folder the process starts in, so every part (engine, migrations,
+        # the embedded secret key file, the line `bait` prints at start) names the same file.
+        if not v.startswith("sqlite") or ":///" not in v:
+            return v
+        prefix, rest = v.split(":///", 1)
+        path, sep, query = rest.partition("?")
+        if path in ("", ":memory:") or path.startswith("file:"):
+            return v
+        return f"{prefix}:///{Path(path).expanduser().resolve()}{sep}{query}"
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, v: str) -> str:
@@ -114,10 +127,20 @@ class Settings(BaseSettings):
         return self.database_url.startswith("sqlite")
 
     def sqlite_path(self) -> Path | None:
+        """The SQLite file (absolute), or None for PostgreSQL and in-memory SQLite."""
         if not self.is_sqlite:
             return None
-        path = self.database_url.split(":///", 1)[-1]
-        return None if path in ("", ":memory:") else Path(path)
+        path = self.database_url.split(":///", 1)[-1].partition("?")[0]
+        return None if path in ("", ":memory:") or path.startswith("file:") else Path(path)
+
+    def database_label(self) -> str:
+        """Where the data lives, for messages: the SQLite file, or host/database without credentials."""
+        path = self.sqlite_path()
+        if path is not None:
+            return str(path)
+        if self.is_sqlite:
+            return "an in-memory SQLite database"
+        return self.database_url.split("@")[-1]
 
 
 @lru_cache(maxsize=1)

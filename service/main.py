@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
     engine = make_engine(settings)
     if check_migrations:
-        check_schema(engine, settings.database_url)
+        check_schema(engine, settings.database_url, settings.database_label())
     factory = make_sessionmaker(engine)
 
     @asynccontextmanager

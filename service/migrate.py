@@ -37,14 +37,30 @@ def current_revision(engine: Engine) -> str | None:
 
 
 class SchemaOutdated(RuntimeError):
-    """The database schema is behind the code: run `bait migrate`."""
+    """The database schema is not the one this code needs: the message says what to run."""
 
 
-def check_schema(engine: Engine, database_url: str) -> None:
-    """Raise :class:`SchemaOutdated` unless the database is at the newest migration."""
+def schema_problem(engine: Engine, database_url: str, where: str) -> str | None:
+    """One line saying what is wrong with the schema of the database at ``where`` and what to run,
+    or None when it is at the newest migration."""
     current = current_revision(engine)
-    head = head_revision(database_url)
-    if current != head:
-        raise SchemaOutdated(
-            f"database schema is at revision {current or 'none'} but the code needs {head}; run `bait migrate`"
+    script = ScriptDirectory.from_config(alembic_config(database_url))
+    head = script.get_current_head()
+    if current == head:
+        return None
+    if current is None:
+        return f"the database at {where} has no schema: run `bait migrate`"
+    known = {rev.revision for rev in script.walk_revisions()}
+    if current not in known:
+        return (
+            f"the database at {where} is at schema revision {current}, which this version of bait does not know "
+            f"(it needs {head}): was it migrated by a newer version?"
         )
+    return f"the database at {where} is at schema revision {current}, this version needs {head}: run `bait migrate`"
+
+
+def check_schema(engine: Engine, database_url: str, where: str | None = None) -> None:
+    """Raise :class:`SchemaOutdated` unless the database is at the newest migration."""
+    problem = schema_problem(engine, database_url, where or database_url.split("@")[-1])
+    if problem is not None:
+        raise SchemaOutdated(problem)

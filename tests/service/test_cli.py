@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import sqlite3
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import make_url
 
 from service.cli import main
 from service.config import Settings, get_settings
 from service.main import create_app
-from service.migrate import SchemaOutdated, current_revision, head_revision
+from service.migrate import SchemaOutdated, current_revision, head_revision, upgrade
+from tests.conftest import PG_ADMIN_URL
 from tests.service.conftest import assert_error
 
 
@@ -109,3 +114,177 @@ def test_app_refuses_to_start_one_migration_behind(tmp_path: Path) -> None:
     command.downgrade(alembic_config(url), "-1")
     with pytest.raises(SchemaOutdated, match="run `bait migrate`"):
         create_app(Settings(database_url=url))
+
+
+# ------------------------------------------------------------------ a missing or outdated schema
+
+
+def _blank_sqlite(tmp_path: Path) -> str:
+    path = tmp_path / "blank.db"
+    sqlite3.connect(path).close()  # the file exists, with no tables
+    return f"sqlite:///{path}"
+
+
+@contextmanager
+def blank_database(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A database that exists but has no schema: a SQLite file, or a new PostgreSQL database."""
+    if backend == "sqlite":
+        yield _blank_sqlite(tmp_path)
+        return
+    assert PG_ADMIN_URL
+    admin = make_url(PG_ADMIN_URL)
+    name = f"bait_test_cli_{uuid.uuid4().hex[:8]}"
+    admin_engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin_engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin_engine.dispose()
+
+
+def run_cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, *argv: str
+) -> tuple[int, str, str]:
+    monkeypatch.setenv("BAIT_DATABASE_URL", url)
+    monkeypatch.setenv("BAIT_REDIS_URL", "redis://127.0.0.1:6379/15")  # `bait worker` needs one; never reached
+    monkeypatch.setenv("BAIT_SECRET_KEY", "test-secret-key-0123456789")
+    get_settings.cache_clear()
+    try:
+        code = main(list(argv))
+    finally:
+        get_settings.cache_clear()
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+COMMANDS = [
+    ("keys", "create", "--tenant", "acme"),
+    ("keys", "list"),
+    ("keys", "revoke", "bait_nothing"),
+    ("worker", "--burst"),
+    ("serve",),
+]
+# On SQLite `bait serve` migrates by itself (test_serve_on_sqlite_migrates_by_itself); on PostgreSQL it
+# keeps the explicit `bait migrate`. The PostgreSQL cases run when BAIT_TEST_DATABASE_URL is set.
+NO_PG = pytest.mark.skipif(not PG_ADMIN_URL, reason="needs PostgreSQL (BAIT_TEST_DATABASE_URL, make test-pg)")
+CASES = [pytest.param("sqlite", argv, id=f"sqlite-{' '.join(argv[:2])}") for argv in COMMANDS[:-1]] + [
+    pytest.param("postgresql", argv, id=f"postgresql-{' '.join(argv[:2])}", marks=NO_PG) for argv in COMMANDS
+]
+
+
+def _where(url: str) -> str:
+    return Settings(database_url=url).database_label()
+
+
+@pytest.mark.parametrize(("backend", "argv"), CASES)
+def test_command_on_a_database_without_schema_says_run_migrate(
+    backend: str,
+    argv: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with blank_database(backend, tmp_path) as url:
+        code, out, err = run_cli(monkeypatch, capsys, url, *argv)
+        assert code == 2
+        assert err.strip().splitlines()[-1] == f"error: the database at {_where(url)} has no schema: run `bait migrate`"
+        assert "Traceback" not in err + out
+        engine = create_engine(url)
+        assert current_revision(engine) is None  # nothing was written
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("backend", "argv"), CASES)
+def test_command_on_an_outdated_database_says_run_migrate(
+    backend: str,
+    argv: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with blank_database(backend, tmp_path) as url:
+        upgrade(url, "0001")
+        code, out, err = run_cli(monkeypatch, capsys, url, *argv)
+        assert code == 2
+        assert err.strip().splitlines()[-1] == (
+            f"error: the database at {_where(url)} is at schema revision 0001, this version needs "
+            f"{head_revision(url)}: run `bait migrate`"
+        )
+        assert "Traceback" not in err + out
+        engine = create_engine(url)
+        assert current_revision(engine) == "0001"
+        engine.dispose()
+
+
+@pytest.mark.parametrize("state", ["missing", "empty", "outdated"])
+def test_serve_on_sqlite_migrates_by_itself(
+    state: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    started: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app))
+    path = tmp_path / "data" / "bait.db"
+    url = f"sqlite:///{path}"
+    if state != "missing":
+        path.parent.mkdir()
+        sqlite3.connect(path).close()
+    if state == "outdated":
+        upgrade(url, "0001")
+    monkeypatch.setenv("BAIT_PRINT_BOOTSTRAP_KEY", "true")
+    code, out, err = run_cli(monkeypatch, capsys, url, "serve")
+    assert code == 0 and len(started) == 1
+    assert f"database: {path} (SQLite)" in err.splitlines()
+    assert out.strip().splitlines()[-1].startswith("bait_")  # the bootstrap key, on a migrated schema
+    engine = create_engine(url)
+    assert current_revision(engine) == head_revision(url)
+    engine.dispose()
+
+
+def test_relative_sqlite_path_is_resolved_once_and_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(database_url="sqlite:///./data/bait.db")
+    assert settings.sqlite_path() == tmp_path.resolve() / "data" / "bait.db"
+    assert settings.database_url == f"sqlite:///{tmp_path.resolve() / 'data' / 'bait.db'}"
+    code, out, _ = run_cli(monkeypatch, capsys, "sqlite:///./data/bait.db", "migrate")
+    assert code == 0
+    assert out.strip() == f"database at the newest schema: {tmp_path.resolve() / 'data' / 'bait.db'}"
+    assert (tmp_path / "data" / "bait.db").exists()
+
+
+@pytest.mark.parametrize("argv", COMMANDS[:4], ids=lambda a: " ".join(a[:2]))
+def test_keys_and_worker_refuse_a_missing_sqlite_file_and_create_nothing(
+    argv: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # run from another folder, with the default relative URL
+    code, out, err = run_cli(monkeypatch, capsys, "sqlite:///./data/bait.db", *argv)
+    assert code == 2
+    where = tmp_path.resolve() / "data" / "bait.db"
+    assert err.strip().splitlines()[-1] == (
+        f"error: no database at {where}: start the service once (`bait serve`) or run `bait migrate` there, "
+        "or point BAIT_DATABASE_URL at your database"
+    )
+    assert "Traceback" not in err + out
+    assert list(tmp_path.iterdir()) == []  # no empty data/bait.db left behind
+
+
+def test_worker_without_redis_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BAIT_DATABASE_URL", _blank_sqlite(tmp_path))
+    monkeypatch.delenv("BAIT_REDIS_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        assert main(["worker"]) == 2
+    finally:
+        get_settings.cache_clear()
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("`bait worker` needs BAIT_REDIS_URL (without it `bait serve` runs jobs in-process)")
+    )
