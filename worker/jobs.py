@@ -163,7 +163,8 @@ class _BatchSpec:
 
 
 def batch_seed(batch_id: str, params: dict[str, Any]) -> int:
-    """``params.seed`` when given, else a seed derived from the batch id (stable across retries)."""
+    """``params.seed`` (the service stores one in every new batch), else a seed derived from the batch id
+    (batches created before it did; stable across retries)."""
     seed = params.get("seed")
     return int(seed) if seed is not None else zlib.crc32(batch_id.encode()) & 0x7FFFFFFF
 
@@ -371,6 +372,8 @@ def _store_batch(
                     "reselections": retry,
                     "attempt": spec.attempt,
                     "seed": spec.seed,
+                    # every seed this batch used: the head's initialisation and minibatch order, the strategy's
+                    "seeds": {"train": None if trained is None else spec.seed, "select": spec.seed},
                 }
             ),
             "checkpoint_id": None if checkpoint is None else checkpoint.id,

@@ -3,10 +3,15 @@
 A batch request is validated completely in the web process, before anything is written: size within
 what is available now, a strategy the pool's task supports, known parameters of the right types. The
 selection itself runs in a worker (``worker.jobs.run_batch``), which reserves the chosen items.
+
+Reproducibility: every batch has a seed in its ``params`` (the request's, or one drawn here and stored
+when the request gives none); the worker trains the head and runs the strategy with it and records the
+seeds it used in the batch's diagnostics. The same pool state, parameters and seed give the same picks.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -75,6 +80,8 @@ def create_batch(
             return _same_request(existing, req), False
     now = utcnow()
     size, strategy, params = validate_request(session, pool, req, now)
+    if params.get("seed") is None:  # drawn once and stored, so the batch can be reproduced
+        params["seed"] = draw_seed()
     batch = Batch(
         pool_id=pool.id,
         size=size,
@@ -103,8 +110,16 @@ def create_batch(
     return batch, True
 
 
+def draw_seed() -> int:
+    """A seed for a request that gives none (a non-negative 31-bit integer, as every strategy accepts)."""
+    return secrets.randbelow(2**31)
+
+
 def _same_request(batch: Batch, req: BatchRequest) -> Batch:
-    if (batch.size, batch.strategy, batch.params or {}) != (req.size, req.strategy, req.params or {}):
+    stored = dict(batch.params or {})
+    if (req.params or {}).get("seed") is None:
+        stored.pop("seed", None)  # the seed the service drew for a request that gave none
+    if (batch.size, batch.strategy, stored) != (req.size, req.strategy, req.params or {}):
         raise Conflict(
             "this Idempotency-Key was used for a different batch request",
             details={"batch_id": batch.id},

@@ -289,3 +289,65 @@ def test_cancel_running_batch_stops_it_and_reserves_nothing(
     assert batch["progress"]["done"] < 5000  # it stopped during training
     assert not [i for i, (_, b) in item_states(db, pool.pool_id).items() if b == created["id"]]
     assert count_rows(db, Checkpoint) == 0
+
+
+def _pool_through_the_api(client: TestClient, auth: dict[str, str], name: str) -> str:
+    """A pool made, filled and labeled over HTTP; the same content whatever its name."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    centers = rng.normal(size=(3, 6)) * 3
+    y = np.arange(90) % 3
+    X = centers[y] + rng.normal(size=(90, 6))
+    body = {"name": name, "task": "classification", "classes": ["a", "b", "c"], "embedding_dim": 6}
+    body["head"] = {"kind": "mlp", "hidden": 16, "max_epochs": 30}
+    r = client.post("/v1/pools", json=body, headers=auth)
+    assert r.status_code == 201, r.text
+    pool_id: str = r.json()["id"]
+    items = [{"id": f"x{i:03d}", "embedding": X[i].tolist()} for i in range(90)]
+    assert client.post(f"/v1/pools/{pool_id}/items", json={"items": items}, headers=auth).status_code == 200
+    labels = [{"item_id": f"x{i:03d}", "label": "abc"[y[i]]} for i in range(0, 90, 9)]
+    assert client.put(f"/v1/pools/{pool_id}/labels", json={"labels": labels}, headers=auth).status_code == 200
+    return pool_id
+
+
+def test_same_pool_state_params_and_seed_give_the_same_picks(
+    client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
+) -> None:
+    first, second = (_pool_through_the_api(client, auth, name) for name in ("twin-1", "twin-2"))
+    # No seed in the request: the service draws one and stores it with the batch.
+    drawn = post_batch(client, auth, first, size=8, strategy="bait", params={"oversample": 2})
+    assert drawn.status_code == 202, drawn.text
+    seed = drawn.json()["params"]["seed"]
+    assert isinstance(seed, int) and seed >= 0
+    # The twin pool, the same parameters and that seed given explicitly: the same picks.
+    again = post_batch(client, auth, second, size=8, strategy="bait", params={"oversample": 2, "seed": seed})
+    run_jobs()
+    a = get_batch(client, auth, first, drawn.json()["id"])
+    b = get_batch(client, auth, second, again.json()["id"])
+    assert a["status"] == b["status"] == "succeeded", (a["error"], b["error"])
+    assert a["params"] == b["params"] == {"oversample": 2, "seed": seed}
+    assert a["item_ids"] == b["item_ids"]
+    assert a["objective"] == pytest.approx(b["objective"], rel=1e-9)
+    # Every seed the batch used is in its record: the head's training and the strategy's.
+    assert a["diagnostics"]["seeds"] == b["diagnostics"]["seeds"] == {"train": seed, "select": seed}
+    assert a["diagnostics"]["head"]["seed"] == seed
+
+
+def test_drawn_seeds_differ_between_batches_and_an_idempotent_retry_keeps_its_seed(
+    client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
+) -> None:
+    pool = make_pool(db, n=80, n_labeled=8)
+    headers = {**auth, "Idempotency-Key": "seedless"}
+    body = {"size": 4, "strategy": "random"}
+    first = client.post(f"/v1/pools/{pool.pool_id}/batches", json=body, headers=headers)
+    retry = client.post(f"/v1/pools/{pool.pool_id}/batches", json=body, headers=headers)
+    assert first.status_code == 202 and retry.status_code == 200, retry.text
+    assert retry.json()["id"] == first.json()["id"]
+    assert retry.json()["params"]["seed"] == first.json()["params"]["seed"]
+    seeds = {post_batch(client, auth, pool.pool_id, size=4, strategy="random").json()["params"]["seed"]}
+    seeds |= {post_batch(client, auth, pool.pool_id, size=4, strategy="random").json()["params"]["seed"]}
+    assert len(seeds | {first.json()["params"]["seed"]}) == 3
+    run_jobs()
+    done = get_batch(client, auth, pool.pool_id, first.json()["id"])
+    assert done["diagnostics"]["seeds"] == {"train": None, "select": first.json()["params"]["seed"]}
