@@ -282,7 +282,9 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
     timings["store"] = 0.0
     for retry in range(RESERVE_ATTEMPTS):
         t = time.perf_counter()
-        tracker.stage("select", 0, spec.size)
+        # The strategy reports its own total (BAIT: setup chunks + forward and backward steps): announce the
+        # stage with an unknown total (0) rather than a guess that the first report would contradict.
+        tracker.stage("select", 0, 0)
         result = selection.select(
             spec.strategy,
             embeddings=features,

@@ -27,6 +27,36 @@ from bait_client.models import (
 JSON_CHUNK = 5_000  # items per JSON request when uploading lists
 
 
+class StageBar:
+    """A progress bar per stage of a job: labelled with the stage running now, counting to that stage's
+    total (none shown while the stage has not reported one yet)."""
+
+    def __init__(self, enabled: bool = True, file: Any = None) -> None:
+        self.enabled = enabled
+        self.file = file
+        self.stage: str | None = None
+        self._bar: Any = None
+
+    def show(self, stage: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if self._bar is None or stage != self.stage:
+            self.close()
+            self.stage = stage
+            self._bar = tqdm(
+                total=total or None, desc=stage, unit="step", disable=not self.enabled, leave=False, file=self.file
+            )
+        elif total and self._bar.total != total:
+            self._bar.reset(total=total)
+        self._bar.n = min(done, total) if total else done
+        self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 class BaitError(Exception):
     """The service answered with an error body ``{"error": {"code", "message", "details"}}``."""
 
@@ -231,20 +261,14 @@ class Client:
             BatchFailed: it failed or was cancelled (the message is the batch's error).
             TimeoutError: not done within ``timeout`` seconds.
         """
-        from tqdm import tqdm
-
         batch_id = batch if isinstance(batch, str) else batch.id
         deadline = time.monotonic() + timeout
-        bar = tqdm(total=0, desc="queued", unit="step", disable=not progress, leave=False)
+        bar = StageBar(enabled=progress)
         try:
             while True:
                 current = self.batch(pool_id, batch_id)
                 p = current.progress
-                if p.total and bar.total != p.total:
-                    bar.reset(total=p.total)
-                bar.set_description(p.stage or current.status)
-                bar.n = min(p.done, p.total) if p.total else 0
-                bar.refresh()
+                bar.show(p.stage or current.status, p.done, p.total)
                 if current.done:
                     break
                 if time.monotonic() > deadline:

@@ -126,3 +126,27 @@ def test_client_imports_no_server_dependencies() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code, str(CLIENT)], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr
+
+
+def test_progress_bar_labels_the_current_stage_with_its_own_total() -> None:
+    import io
+
+    from bait_client.client import StageBar
+
+    out = io.StringIO()
+    bar = StageBar(file=out)
+
+    def shown() -> str:  # the bar as the terminal shows it now: the text after the last carriage return
+        return out.getvalue().rsplit("\r", 1)[-1]
+
+    bar.show("queued", 0, 0)
+    assert shown().startswith("queued")
+    bar.show("train", 70, 500)
+    assert shown().startswith("train") and "70/500" in shown()
+    bar.show("select", 0, 0)  # a stage that has not reported its total yet: no stale 500 from train
+    assert shown().startswith("select") and "500" not in shown()
+    bar.show("select", 9, 62)
+    assert shown().startswith("select") and "9/62" in shown()
+    bar.show("store", 0, 20)
+    assert shown().startswith("store") and "0/20" in shown() and "62" not in shown()
+    bar.close()

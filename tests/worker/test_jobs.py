@@ -163,3 +163,47 @@ def test_an_attempt_cannot_finish_a_batch_cancelled_meanwhile(db: sessionmaker[S
     assert batch.status == "cancelled" and batch.item_ids is None
     with session_scope(db) as s:  # and a cancelled batch cannot be cancelled again
         assert not cancel_if(s, batch_id, ("queued", "running", "succeeded"), datetime.now(UTC))
+
+
+@pytest.mark.parametrize("strategy", ["bait", "random"])
+def test_progress_total_of_a_stage_never_changes_once_known(
+    client: TestClient,
+    auth: dict[str, str],
+    db: sessionmaker[Session],
+    run_jobs: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    strategy: str,
+) -> None:
+    """Each stage's total is known when it starts or left 0 (unknown) until the stage's own code reports it;
+    it never jumps mid-stage (select used to go 0/20 -> 9/62)."""
+    from worker import jobs
+
+    writes: list[tuple[str, int, int]] = []
+    touch = jobs.store.touch_batch
+
+    def recording_touch(s: Session, batch_id: str, attempt: int, now: datetime, progress: Any = None) -> bool:
+        if progress is not None:
+            writes.append(progress)
+        return touch(s, batch_id, attempt, now, progress)
+
+    monkeypatch.setattr(jobs.store, "touch_batch", recording_touch)
+    monkeypatch.setattr(jobs, "PROGRESS_EVERY_S", 0.0)  # record every report, not the throttled ones
+    pool = make_pool(db, n=200, n_labeled=12)
+    r = client.post(f"/v1/pools/{pool.pool_id}/batches", json={"size": 10, "strategy": strategy}, headers=auth)
+    assert r.status_code == 202, r.text
+    run_jobs()
+    with session_scope(db) as s:
+        assert s.get(Batch, r.json()["id"]).status == "succeeded"  # type: ignore[union-attr]
+    stages = list(dict.fromkeys(stage for stage, _, _ in writes))
+    expected = ["load", "train", "embed", "select", "store"] if strategy == "bait" else ["load", "select", "store"]
+    assert stages == expected
+    for stage in stages:
+        seen = [(done, total) for name, done, total in writes if name == stage]
+        totals = {total for _, total in seen if total}
+        assert len(totals) <= 1, f"{stage}: total changed mid-stage: {seen}"
+        assert all(0 <= done <= total for done, total in seen if total), f"{stage}: {seen}"
+        dones = [done for done, _ in seen]
+        assert dones == sorted(dones), f"{stage}: progress went back: {seen}"
+    if strategy == "bait":  # BAIT reports its steps: the select stage ends complete
+        select_writes = [(d, t) for name, d, t in writes if name == "select"]
+        assert select_writes[0] == (0, 0) and select_writes[-1][0] == select_writes[-1][1] > 10
