@@ -32,7 +32,18 @@ from service.store.models import Base
 
 PG_ADMIN_URL = os.environ.get("BAIT_TEST_DATABASE_URL")
 REDIS_URL = os.environ.get("BAIT_TEST_REDIS_URL")
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
+# Data sets shared between projects: ../shared/data beside the repository, or where BAIT_SHARED_DATA says.
+SHARED_DATA = Path(os.environ.get("BAIT_SHARED_DATA") or REPO.parent / "shared" / "data").resolve()
+
+
+def shared_data(name: str) -> Path:
+    """A file of the shared data folder; the test is skipped, saying where it looked, when it is absent
+    (a fresh clone has no ../shared: set BAIT_SHARED_DATA to where the data is)."""
+    path = SHARED_DATA / name
+    if not path.is_file():
+        pytest.skip(f"shared data {name} not found in {SHARED_DATA} (set BAIT_SHARED_DATA to its folder)")
+    return path
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from service.config import Settings
-from tests.conftest import SHARED_DATA, RunJobs
+from tests.conftest import RunJobs, shared_data
 
 N = 300
 EMB = 32
@@ -54,7 +54,7 @@ def test_mnist_png_pool_with_uploaded_cnn_selects_a_batch(
 ) -> None:
     root = settings.data_root
     assert root is not None
-    with np.load(SHARED_DATA / "mnist10k.npz", allow_pickle=False) as data:
+    with np.load(shared_data("mnist10k.npz"), allow_pickle=False) as data:
         X, y = data["X"], data["y"]
     rows = np.random.default_rng(0).permutation(X.shape[0])[:N]
     for i in rows:

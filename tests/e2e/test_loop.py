@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import REDIS_URL, SHARED_DATA
+from tests.conftest import REDIS_URL, shared_data
 from tests.e2e.procs import Proc, bait, bait_env, serve, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -28,7 +28,7 @@ DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 
 def mnist_pool(n: int = 2000, dim: int = 64, seed: int = 0) -> tuple[list[str], np.ndarray, list[str]]:
     """``n`` MNIST digits flattened and randomly projected to ``dim`` values, ids and digit names."""
-    data = np.load(SHARED_DATA / "mnist10k.npz")
+    data = np.load(shared_data("mnist10k.npz"))
     rng = np.random.default_rng(seed)
     rows = rng.choice(data["X"].shape[0], size=n, replace=False)
     X = data["X"][rows].reshape(n, -1).astype(np.float32) / 255.0

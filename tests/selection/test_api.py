@@ -11,8 +11,7 @@ import torch
 import selection
 from selection import STRATEGIES, SelectionResult, StrategyOutput, TaskMismatchError, register, select
 from selection.problem import REGISTRY
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from tests.devices import DEVICES
 
 
 def pool(n: int = 30, d: int = 4, k: int = 3, seed: int = 0):

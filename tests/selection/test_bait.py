@@ -18,9 +18,8 @@ from selection.bait import bait, bait_nofisher, design_weights, logdet_fisher
 from selection.errors import MemoryBudgetError, ParameterError
 from selection.fisher import exact_objective
 from selection.problem import Problem
+from tests.devices import DEVICES
 from tests.selection.naive_bait import naive_bait
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @dataclass(frozen=True)

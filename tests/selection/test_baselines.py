@@ -10,9 +10,9 @@ import torch
 
 from selection import STRATEGIES, InputDataError, TaskMismatchError, select
 from selection.logdet import greedy_logdet_kron
+from tests.devices import AVAILABLE_DEVICES, DEVICES
 
 DTYPES = ["float32", "float64"]
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CLASSIFICATION_ONLY = ["badge", "confidence", "margin", "entropy", "logdet_rank1"]
 BASELINES = ["badge", "coreset", "confidence", "margin", "entropy", "random", "logdet_rank1"]
 
@@ -255,7 +255,7 @@ def test_random_is_reproducible_and_device_dtype_independent():
         for dt in DTYPES
     ]
     runs += [select("random", embeddings=X, task="regression", labeled=[1, 2], batch_size=10, seed=7,
-                    device=dev).indices for dev in DEVICES]  # fmt: skip
+                    device=dev).indices for dev in AVAILABLE_DEVICES]  # fmt: skip
     for r in runs[1:]:
         np.testing.assert_array_equal(r, runs[0])
     other = select("random", embeddings=X, probs=P, labeled=[1, 2], batch_size=10, seed=8).indices

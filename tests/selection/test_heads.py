@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,10 +24,10 @@ from selection.heads import (
     train_head,
 )
 from selection.problem import Task
+from tests.conftest import shared_data
+from tests.devices import DEVICES
 
-MNIST = Path("/work/shared/data/mnist10k.npz")
 DTYPES = [torch.float32, torch.float64]
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPE_NAMES: dict[torch.dtype, DTypeName] = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -459,7 +458,7 @@ def test_bad_parameters_raise_parameter_error() -> None:
 
 
 def test_mlp_on_real_mnist_subset_generalises() -> None:
-    data = np.load(MNIST, allow_pickle=False)
+    data = np.load(shared_data("mnist10k.npz"), allow_pickle=False)
     order = np.random.default_rng(0).permutation(len(data["y"]))  # the file is grouped by class
     X = data["X"][order].reshape(len(order), -1).astype(np.float32) / 255.0
     y = data["y"][order].astype(np.int64)
