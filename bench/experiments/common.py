@@ -19,6 +19,7 @@ The head's initial weights and the strategy's random choices at round ``t`` are 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import json
@@ -477,6 +478,74 @@ def parse_seeds(text: str) -> list[int]:
     if "," in text:
         return [int(s) for s in text.split(",") if s]
     return list(range(int(text)))
+
+
+def experiment_parser(doc: str | None, experiment: str, smoke_help: str) -> argparse.ArgumentParser:
+    """The options every experiment takes: ``--smoke``, ``--out``, ``--seeds``, ``--quiet``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help=smoke_help)
+    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_ROOT / experiment})")
+    p.add_argument("--seeds", default=None, help="'5' (= 0-4), '0-4' or '0,3' (default 5; smoke 2)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def add_strategy_options(p: argparse.ArgumentParser, lr_help: str) -> None:
+    """``--strategies`` (a subset), ``--lr`` of the head, ``--lam`` (BAIT's ridge)."""
+    p.add_argument("--strategies", default=None, help="subset of the strategies, comma-separated")
+    p.add_argument("--lr", type=float, default=1e-3, help=lr_help)
+    p.add_argument("--lam", type=float, default=None, help="BAIT's ridge (default: the library's)")
+
+
+def add_size_options(p: argparse.ArgumentParser, sizes: Mapping[str, int]) -> None:
+    """One integer option per size (``--pool``, ``--m0``, ...); unset ones keep the preset."""
+    for name in sizes:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
+
+
+def sizes_from(args: argparse.Namespace, base: Mapping[str, int]) -> dict[str, int]:
+    """``base`` overridden by the size options given on the command line."""
+    return {k: (getattr(args, k) if getattr(args, k, None) is not None else v) for k, v in base.items()}
+
+
+def chosen_strategies(specs: Sequence[StrategySpec], wanted: str | None) -> list[StrategySpec]:
+    """The specs named in ``--strategies`` (all when not given)."""
+    if not wanted:
+        return list(specs)
+    names = wanted.split(",")
+    return [s for s in specs if s.name in names]
+
+
+def bait_params(lam: float | None, convention: str, oversample: float) -> dict[str, Any]:
+    """BAIT's parameters in an experiment (``lam=None``: the library's default ridge)."""
+    return {**({} if lam is None else {"lam": lam}), "convention": convention, "oversample": oversample}
+
+
+def run_and_plot(
+    grid: Sequence[Setting],
+    specs: Sequence[StrategySpec],
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    desc: str,
+    quiet: bool,
+    title: str,
+) -> Path:
+    """Run (or resume) the grid into ``out``, then draw its learning curves to ``out/curves.png``."""
+    store = ResultStore(out)
+    run_grid(grid, specs, seeds, store, desc=desc, quiet=quiet)
+    plot_curves(store.rows(), out / "curves.png", title=title)
+    return out
+
+
+def start_run(
+    args: argparse.Namespace, experiment: str, argv: Sequence[str] | None, info: Mapping[str, Any]
+) -> tuple[Path, list[int]]:
+    """The output folder and seeds of this invocation; its command, machine and ``info`` are recorded."""
+    out: Path = args.out or RESULTS_ROOT / experiment
+    seeds = parse_seeds(args.seeds or ("2" if args.smoke else "5"))
+    write_run_info(out, [f"bench.experiments.{experiment}", *(argv if argv is not None else sys.argv[1:])], info)
+    return out, seeds
 
 
 def machine_info() -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,15 +27,14 @@ import numpy as np
 
 from bench.experiments import linear_mnist, mlp_classification
 from bench.experiments.common import (
-    RESULTS_ROOT,
     ResultStore,
     Setting,
     StrategySpec,
     curves,
-    parse_seeds,
+    experiment_parser,
     plot_curves,
     run_grid,
-    write_run_info,
+    start_run,
 )
 from bench.experiments.penalty import write_outputs
 from bench.experiments.penalty_matrix import penalty_matrix
@@ -112,22 +110,16 @@ def ranking(rows: list[dict[str, object]], names: Sequence[str]) -> list[tuple[s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="tiny pools, 2 rounds: checks the harness in seconds")
-    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_ROOT / EXPERIMENT})")
-    p.add_argument("--seeds", default=None, help="'5' (= 0-4), '0-4' or '0,3' (default 5; smoke 2)")
+    p = experiment_parser(__doc__, EXPERIMENT, "tiny pools, 2 rounds: checks the harness in seconds")
     p.add_argument("--parts", default="linear,mlp", help="which settings: linear (exp. 1), mlp (exp. 2)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
     size = SMOKE if args.smoke else FULL
-    out = args.out or RESULTS_ROOT / EXPERIMENT
-    seeds = parse_seeds(args.seeds or ("2" if args.smoke else "5"))
     parts = [p for p in args.parts.split(",") if p]
-    write_run_info(out, [f"bench.experiments.{EXPERIMENT}", *(argv if argv is not None else sys.argv[1:])], size)
+    out, seeds = start_run(args, EXPERIMENT, argv, size)
     store = ResultStore(out)
     names: list[str] = []
     if "linear" in parts:

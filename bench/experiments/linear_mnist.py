@@ -22,25 +22,25 @@ objectives alone.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from bench.experiments.common import (
-    RESULTS_ROOT,
-    ResultStore,
     Setting,
     Split,
     StrategySpec,
+    add_size_options,
+    add_strategy_options,
+    bait_params,
+    chosen_strategies,
+    experiment_parser,
     load_npz,
-    parse_seeds,
-    plot_curves,
-    run_grid,
-    write_run_info,
+    run_and_plot,
+    sizes_from,
+    start_run,
 )
 from selection.heads import HeadConfig, train_head
 
@@ -53,12 +53,10 @@ def strategies(lam: float | None = None, convention: str = "reference") -> list[
 
     ``lam`` is BAIT's ridge (``None``: the library default); the log-det strategies keep theirs (1).
     """
-    bait_params: dict[str, Any] = {"convention": convention, "oversample": 1}
-    if lam is not None:
-        bait_params["lam"] = lam
+    params = bait_params(lam, convention, oversample=1)
     return [
-        StrategySpec("bait", "bait", bait_params),
-        StrategySpec("bait_nofisher", "bait_nofisher", bait_params),
+        StrategySpec("bait", "bait", params),
+        StrategySpec("bait_nofisher", "bait_nofisher", params),
         StrategySpec("logdet_rank1", "logdet_rank1"),
         StrategySpec("logdet_fisher", "logdet_fisher"),
         StrategySpec("badge", "badge"),
@@ -156,41 +154,22 @@ SMOKE = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="tiny pool and 3 rounds: checks the harness in seconds")
-    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_ROOT / EXPERIMENT})")
-    p.add_argument("--seeds", default=None, help="'5' (= 0-4), '0-4' or '0,3' (default 5; smoke 2)")
+    p = experiment_parser(__doc__, EXPERIMENT, "tiny pool and 3 rounds: checks the harness in seconds")
     p.add_argument("--reps", default=",".join(REPRESENTATIONS), help="representations, comma-separated")
-    p.add_argument("--strategies", default=None, help="subset of the strategies, comma-separated")
-    for name in FULL:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the head")
-    p.add_argument("--lam", type=float, default=None, help="BAIT's ridge (default: the library's)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_strategy_options(p, "Adam learning rate of the head")
+    add_size_options(p, FULL)
     return p
-
-
-def sizes(args: argparse.Namespace, base: dict[str, int]) -> dict[str, int]:
-    """``base`` overridden by the size arguments given on the command line."""
-    return {k: (getattr(args, k) if getattr(args, k, None) is not None else v) for k, v in base.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
-    size = sizes(args, SMOKE if args.smoke else FULL)
-    out = args.out or RESULTS_ROOT / EXPERIMENT
-    seeds = parse_seeds(args.seeds or ("2" if args.smoke else "5"))
-    specs = strategies(lam=args.lam)
-    if args.strategies:
-        wanted = args.strategies.split(",")
-        specs = [s for s in specs if s.name in wanted]
+    size = sizes_from(args, SMOKE if args.smoke else FULL)
+    specs = chosen_strategies(strategies(lam=args.lam), args.strategies)
     reps = [r for r in args.reps.split(",") if r]
-    write_run_info(out, [f"bench.experiments.{EXPERIMENT}", *(argv if argv is not None else sys.argv[1:])], size)
+    out, seeds = start_run(args, EXPERIMENT, argv, size)
     grid = settings(reps, lr=args.lr, **size)
-    store = ResultStore(out)
-    run_grid(grid, specs, seeds, store, desc=EXPERIMENT, quiet=args.quiet)
-    plot_curves(store.rows(), out / "curves.png", title="Linear classification on MNIST representations")
-    return out
+    title = "Linear classification on MNIST representations"
+    return run_and_plot(grid, specs, seeds, out, desc=EXPERIMENT, quiet=args.quiet, title=title)
 
 
 if __name__ == "__main__":

@@ -16,23 +16,24 @@ drawn from its 60,000 training images and its test set from the official 10,000 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from bench.experiments.common import (
-    RESULTS_ROOT,
-    ResultStore,
     Setting,
     Split,
     StrategySpec,
+    add_size_options,
+    add_strategy_options,
+    bait_params,
+    chosen_strategies,
+    experiment_parser,
     load_npz,
-    parse_seeds,
-    plot_curves,
-    run_grid,
-    write_run_info,
+    run_and_plot,
+    sizes_from,
+    start_run,
 )
 from selection.heads import HeadConfig
 
@@ -43,9 +44,7 @@ DATASETS = ("mnist", "fashion")
 def strategies(lam: float | None = None, convention: str = "reference") -> list[StrategySpec]:
     """BAIT (forward-backward) and the paper's baselines for deep classification."""
     return [
-        StrategySpec(
-            "bait", "bait", {**({} if lam is None else {"lam": lam}), "convention": convention, "oversample": 2}
-        ),
+        StrategySpec("bait", "bait", bait_params(lam, convention, oversample=2)),
         StrategySpec("badge", "badge"),
         StrategySpec("coreset", "coreset"),
         StrategySpec("confidence", "confidence"),
@@ -115,43 +114,23 @@ def parse_rounds(text: str) -> dict[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="tiny pool, few rounds: checks the harness in seconds")
-    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_ROOT / EXPERIMENT})")
-    p.add_argument("--seeds", default=None, help="'5' (= 0-4), '0-4' or '0,3' (default 5; smoke 2)")
+    p = experiment_parser(__doc__, EXPERIMENT, "tiny pool, few rounds: checks the harness in seconds")
     p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated subset of mnist,fashion")
     p.add_argument("--rounds", default=None, help="batch:rounds pairs, e.g. '10:30,100:20,1000:5'")
-    p.add_argument("--strategies", default=None, help="subset of the strategies, comma-separated")
-    for name in FULL:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the MLP")
-    p.add_argument("--lam", type=float, default=None, help="BAIT's ridge (default: the library's)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_strategy_options(p, "Adam learning rate of the MLP")
+    add_size_options(p, FULL)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
-    base = SMOKE if args.smoke else FULL
-    size = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}
+    size = sizes_from(args, SMOKE if args.smoke else FULL)
     rounds = parse_rounds(args.rounds) if args.rounds else (SMOKE_ROUNDS if args.smoke else FULL_ROUNDS)
-    out = args.out or RESULTS_ROOT / EXPERIMENT
-    seeds = parse_seeds(args.seeds or ("2" if args.smoke else "5"))
-    specs = strategies(lam=args.lam)
-    if args.strategies:
-        wanted = args.strategies.split(",")
-        specs = [s for s in specs if s.name in wanted]
+    specs = chosen_strategies(strategies(lam=args.lam), args.strategies)
     datasets = [d for d in args.datasets.split(",") if d]
-    write_run_info(
-        out,
-        [f"bench.experiments.{EXPERIMENT}", *(argv if argv is not None else sys.argv[1:])],
-        {**size, "rounds": rounds},
-    )
+    out, seeds = start_run(args, EXPERIMENT, argv, {**size, "rounds": rounds})
     grid = settings(datasets, rounds, lr=args.lr, **size)
-    store = ResultStore(out)
-    run_grid(grid, specs, seeds, store, desc=EXPERIMENT, quiet=args.quiet)
-    plot_curves(store.rows(), out / "curves.png", title="MLP classification")
-    return out
+    return run_and_plot(grid, specs, seeds, out, desc=EXPERIMENT, quiet=args.quiet, title="MLP classification")
 
 
 if __name__ == "__main__":

@@ -20,23 +20,22 @@ objective would. The metric is the test RMSE (lower is better).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from bench.experiments.common import (
-    RESULTS_ROOT,
-    ResultStore,
     Setting,
     Split,
     StrategySpec,
+    add_strategy_options,
+    bait_params,
+    chosen_strategies,
+    experiment_parser,
     load_npz,
-    parse_seeds,
-    plot_curves,
-    run_grid,
-    write_run_info,
+    run_and_plot,
+    start_run,
 )
 from selection.heads import HeadConfig
 
@@ -47,9 +46,7 @@ CONFIGS = ("mnist-mlp", "mnist-linear", "diamonds-mlp")
 def strategies(lam: float | None = None, convention: str = "reference") -> list[StrategySpec]:
     """BAIT (forward-backward), Core-set and random: the strategies that support regression."""
     return [
-        StrategySpec(
-            "bait", "bait", {**({} if lam is None else {"lam": lam}), "convention": convention, "oversample": 2}
-        ),
+        StrategySpec("bait", "bait", bait_params(lam, convention, oversample=2)),
         StrategySpec("coreset", "coreset"),
         StrategySpec("random", "random"),
     ]
@@ -128,16 +125,10 @@ def settings(configs: Sequence[str], sizes: dict[str, dict[str, int]], *, lr: fl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="tiny pools, 3 rounds: checks the harness in seconds")
-    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_ROOT / EXPERIMENT})")
-    p.add_argument("--seeds", default=None, help="'5' (= 0-4), '0-4' or '0,3' (default 5; smoke 2)")
+    p = experiment_parser(__doc__, EXPERIMENT, "tiny pools, 3 rounds: checks the harness in seconds")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
-    p.add_argument("--strategies", default=None, help="subset of the strategies, comma-separated")
     p.add_argument("--rounds", type=int, default=None, help="override the rounds of every configuration")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    p.add_argument("--lam", type=float, default=None, help="BAIT's ridge (default: the library's)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_strategy_options(p, "Adam learning rate")
     return p
 
 
@@ -147,24 +138,15 @@ def main(argv: Sequence[str] | None = None) -> Path:
     if args.rounds is not None:
         for s in sizes.values():
             s["rounds"] = args.rounds
-    out = args.out or RESULTS_ROOT / EXPERIMENT
-    seeds = parse_seeds(args.seeds or ("2" if args.smoke else "5"))
-    specs = strategies(lam=args.lam)
-    if args.strategies:
-        wanted = args.strategies.split(",")
-        specs = [s for s in specs if s.name in wanted]
+    specs = chosen_strategies(strategies(lam=args.lam), args.strategies)
     configs = [c for c in args.configs.split(",") if c]
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:
         raise SystemExit(f"unknown configs {unknown}; expected a subset of {CONFIGS}")
-    write_run_info(
-        out, [f"bench.experiments.{EXPERIMENT}", *(argv if argv is not None else sys.argv[1:])], {"sizes": sizes}
-    )
+    out, seeds = start_run(args, EXPERIMENT, argv, {"sizes": sizes})
     grid = settings(configs, sizes, lr=args.lr)
-    store = ResultStore(out)
-    run_grid(grid, specs, seeds, store, desc=EXPERIMENT, quiet=args.quiet)
-    plot_curves(store.rows(), out / "curves.png", title="Active regression (test RMSE, lower is better)")
-    return out
+    title = "Active regression (test RMSE, lower is better)"
+    return run_and_plot(grid, specs, seeds, out, desc=EXPERIMENT, quiet=args.quiet, title=title)
 
 
 if __name__ == "__main__":
