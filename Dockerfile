@@ -29,7 +29,10 @@ COPY worker ./worker
 COPY migrations ./migrations
 RUN pip install ".${EXTRAS:+[$EXTRAS]}"
 
-RUN useradd --create-home --uid 10001 bait && mkdir -p /app/data && chown bait /app/data
+# /var/lib/bait: where a generated secret key is kept (BAIT_SECRET_KEY_FILE; a volume under compose,
+# which takes this folder's owner and mode when it is first created).
+RUN useradd --create-home --uid 10001 bait && mkdir -p /app/data /var/lib/bait \
+    && chown bait /app/data /var/lib/bait && chmod 0700 /var/lib/bait
 USER bait
 
 # Inside a container the api must listen on every interface (the embedded default binds 127.0.0.1).

@@ -54,6 +54,11 @@ class Settings(BaseSettings):
         description="encrypts Label Studio tokens and webhook secrets at rest (any string of 16+ characters); "
         "required with PostgreSQL; embedded mode generates one in a 0600 file next to the SQLite database",
     )
+    secret_key_file: Path | None = Field(
+        default=None,
+        description="when BAIT_SECRET_KEY is unset: a file holding the key, shared by every api and worker process "
+        "(generated there, 0600, on first start); docker compose keeps it in a volume",
+    )
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, description="outgoing webhook request timeout")
     webhook_max_attempts: int = Field(default=6, ge=1, description="outgoing webhook attempts before giving up")
     webhook_backoff_seconds: float = Field(
@@ -83,7 +88,7 @@ class Settings(BaseSettings):
         default=100 * 2**20, ge=1024, description="largest TorchScript encoder upload (stored in the database)"
     )
 
-    @field_validator("secret_key", mode="before")
+    @field_validator("secret_key", "secret_key_file", mode="before")
     @classmethod
     def _empty_secret_is_unset(cls, v: object) -> object:
         # docker compose passes an unset variable through as "": treat it as not given.

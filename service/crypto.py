@@ -6,8 +6,10 @@ SHA-256, so a passphrase works as well as ``python -c "import secrets; print(sec
 - Embedded mode (SQLite): when the setting is unset, a random key is generated once and written to
   ``secret.key`` next to the database file with permissions 0600; later starts read it back. Losing the
   file makes the stored tokens unreadable (reconnect the integrations), so back it up with the database.
-- Production mode (PostgreSQL): the setting is required; :func:`check_secret_key` fails fast at start
-  (api and worker), since api processes and workers on several machines must all share one key.
+- Production mode (PostgreSQL): the setting is required, or ``BAIT_SECRET_KEY_FILE``: a file every api and
+  worker process can read (a shared volume under docker compose), generated there 0600 on first start
+  when it does not exist. Without either, :func:`check_secret_key` fails fast at start (api and worker),
+  since api processes and workers on several machines must all share one key.
 
 Hashes (not encryption) are used where a secret only has to be recognised: the per-integration secret in
 Label Studio's ML-backend URL is stored as its SHA-256 (:func:`hash_secret`).
@@ -46,11 +48,12 @@ def check_secret_key(settings: Settings) -> None:
     """
     if settings.secret_key is not None and len(settings.secret_key) < MIN_KEY_CHARS:
         raise SecretKeyError(f"BAIT_SECRET_KEY must be at least {MIN_KEY_CHARS} characters")
-    if settings.secret_key is None and not settings.is_sqlite:
+    if settings.secret_key is None and settings.secret_key_file is None and not settings.is_sqlite:
         raise SecretKeyError(
             "BAIT_SECRET_KEY is required with PostgreSQL (it encrypts Label Studio tokens and webhook secrets; "
             "every api and worker process needs the same value), e.g. "
-            '`export BAIT_SECRET_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")`'
+            '`export BAIT_SECRET_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")`, '
+            "or BAIT_SECRET_KEY_FILE naming a file all of them share (generated there if missing)"
         )
 
 
@@ -58,18 +61,33 @@ def _key_material(settings: Settings) -> str:
     check_secret_key(settings)
     if settings.secret_key is not None:
         return settings.secret_key
-    db_path = settings.sqlite_path()
-    if db_path is None:  # in-memory SQLite: the data dies with the process, so may the key
+    path = key_file(settings)
+    if path is None:  # in-memory SQLite: the data dies with the process, so may the key
         return "in-memory:" + _EPHEMERAL
-    path = db_path.parent / KEY_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
-    return path.read_text().strip()
+    return _read_or_create(path)
+
+
+def _read_or_create(path: Path) -> str:
+    """The key in ``path``; a new random one written there (0600) when the file does not exist yet.
+
+    The new key is written to a temporary file and hard-linked into place: processes starting at the same
+    moment (api and worker under compose) agree on the first one linked, and none reads a partial file."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        try:
+            os.link(tmp, path)  # fails if another process linked its key first: then that one is read
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    material = path.read_text().strip()
+    if len(material) < MIN_KEY_CHARS:
+        raise SecretKeyError(f"the key file {path} holds fewer than {MIN_KEY_CHARS} characters")
+    return material
 
 
 _EPHEMERAL = secrets.token_urlsafe(32)
@@ -118,8 +136,11 @@ def secret_matches(secret: str, stored_hash: str) -> bool:
 
 
 def key_file(settings: Settings) -> Path | None:
-    """Where embedded mode keeps its generated key (None when a key is configured or not SQLite)."""
-    db_path = settings.sqlite_path()
-    if settings.secret_key is not None or db_path is None:
+    """Where the generated key is kept: ``BAIT_SECRET_KEY_FILE``, or in embedded mode beside the SQLite
+    database (None when ``BAIT_SECRET_KEY`` is set, or for in-memory SQLite)."""
+    if settings.secret_key is not None:
         return None
-    return db_path.parent / KEY_FILE
+    if settings.secret_key_file is not None:
+        return settings.secret_key_file
+    db_path = settings.sqlite_path()
+    return None if db_path is None else db_path.parent / KEY_FILE
