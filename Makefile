@@ -7,7 +7,7 @@ PG_URL    ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0
 PYTEST    := OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider
 
-.PHONY: install run test lint test-embedded test-pg test-labelstudio bench-smoke clean
+.PHONY: install run demo test lint test-embedded test-pg test-labelstudio bench-smoke clean
 
 $(BIN)/bait: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,9 @@ install: $(BIN)/bait  ## create .venv with torch==2.13.0 and the project
 
 run: install  ## embedded defaults: SQLite under ./data, in-process runner, CPU, 127.0.0.1:8000
 	$(BIN)/bait serve --migrate
+
+demo: install  ## the whole loop on scikit-learn's digits against the service `make run` started (BAIT_API_KEY=...)
+	$(BIN)/bait demo
 
 lint: install
 	$(BIN)/ruff check .

@@ -117,6 +117,7 @@ def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_demo(_settings: Settings, args: argparse.Namespace) -> int:
     from service import demo  # httpx + numpy + scikit-learn's bundled data, imported only here
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the demo prints what it does itself
     return demo.run(url=args.url, key=args.key, rounds=args.rounds, batch_size=args.batch_size, seed=args.seed)
 
 
