@@ -12,6 +12,8 @@ import importlib
 import logging
 import sys
 
+from pydantic import ValidationError
+
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.domain import keys as keys_domain
@@ -42,9 +44,13 @@ def _require_schema(settings: Settings) -> None:
     """One line saying what to run when the schema is missing or not the newest."""
     _require_sqlite_file(settings)
     engine = make_engine(settings)
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)  # its "Context impl ..." lines would bury the one that matters
     try:
         problem = schema_problem(engine, settings.database_url, settings.database_label())
     finally:
+        alembic_log.setLevel(level)
         engine.dispose()
     if problem is not None:
         raise SchemaOutdated(problem)
@@ -154,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = get_settings()
-    except ValueError as exc:  # pydantic's ValidationError: a bad BAIT_* variable
-        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+    except ValidationError as exc:  # a bad BAIT_* variable: name it and say why, on one line
+        problems = "; ".join(
+            (f"BAIT_{'_'.join(map(str, e['loc'])).upper()}: " if e["loc"] else "") + e["msg"] for e in exc.errors()
+        )
+        print(f"error: invalid configuration: {problems}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {

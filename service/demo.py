@@ -128,12 +128,12 @@ def run_loop(
         DemoError: the service cannot be reached, refuses the key, or answers an error.
     """
     demo = Demo(http, out)
+    demo.call("GET", "/v1/pools")  # reachable, and the key is accepted
     data = load_data(n_items, seed)
     n = len(data.ids)
     truth = dict(zip(data.ids, data.labels, strict=True))
     heldout, selectable = data.ids[:n_heldout], data.ids[n_heldout:]
     demo.say(f"data: scikit-learn's digits, {n} images of 8x8 pixels as 64-value embeddings (pixels / 16), seed {seed}")
-    demo.call("GET", "/v1/pools")  # reachable, and the key is accepted
     name = f"digits-demo-{uuid.uuid4().hex[:8]}"  # pool names are unique per tenant
     body = {"name": name, "task": "classification", "classes": CLASSES, "embedding_dim": 64, "head": {"kind": "mlp"}}
     pool = demo.call("POST", "/v1/pools", json=body)

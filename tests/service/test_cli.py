@@ -273,3 +273,16 @@ def test_worker_without_redis_says_so(
         .err.strip()
         .endswith("`bait worker` needs BAIT_REDIS_URL (without it `bait serve` runs jobs in-process)")
     )
+
+
+def test_invalid_setting_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BAIT_DATABASE_URL", "mysql://db/bait")
+    get_settings.cache_clear()
+    try:
+        assert main(["keys", "list"]) == 2
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: invalid configuration: BAIT_DATABASE_URL: ") and "\n" not in err
