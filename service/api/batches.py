@@ -12,12 +12,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import SessionDep, TenantDep
+from service.deps import RetryOnConflict, SessionDep, TenantDep
 from service.domain import batches as domain
 from service.errors import ERROR_RESPONSES
 from service.queue import JobQueue
 
-router = APIRouter(prefix="/v1/pools/{pool}/batches", tags=["batches"])
+router = APIRouter(prefix="/v1/pools/{pool}/batches", tags=["batches"], route_class=RetryOnConflict)
 
 BatchStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 

@@ -143,8 +143,13 @@ def reserve_items(
 ) -> int:
     """Reserve the items still available; returns how many were reserved (all-or-nothing is the caller's)."""
     reserved = 0
-    ids = list(item_ids)
+    ids = sorted(item_ids)
+    postgres = session.get_bind().dialect.name == "postgresql"
     for begin in range(0, len(ids), 5000):
+        if postgres:  # lock in id order, as label writes do, so the two never deadlock
+            session.execute(
+                select(Item.id).where(Item.id.in_(ids[begin : begin + 5000])).order_by(Item.id).with_for_update()
+            )
         result = session.execute(
             update(Item)
             .where(Item.pool_id == pool_id, Item.id.in_(ids[begin : begin + 5000]), available_clause(now))
