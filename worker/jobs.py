@@ -22,9 +22,10 @@ import threading
 import time
 import traceback
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -36,12 +37,13 @@ from selection.heads import HeadConfig, TrainedHead, load_checkpoint, save_check
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.store import batches as store
-from service.store.attempts import finish_attempt
+from service.store.attempts import close_running, finish_attempt
 from service.store.models import Batch, Checkpoint, Pool
 from worker import context
 from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROGRESS_EVERY_S = 0.5  # at most this often a progress write
 RESERVE_ATTEMPTS = 4  # selections tried when concurrent batches keep taking chosen items
@@ -176,30 +178,51 @@ def head_config(pool: Pool) -> HeadConfig:
     )
 
 
+def start_job(
+    factory: sessionmaker[Session],
+    what: str,
+    job_id: str,
+    start: Callable[[Session, str, datetime], int | None],
+    get: Callable[[Session, str], Any],
+    read: Callable[[Any, int, datetime], T],
+) -> T | None:
+    """The prologue of every job with attempts: move the row ``queued -> running`` with one conditional
+    UPDATE (so a duplicate delivery is a no-op) and ``read(row, attempt, now)`` what the job needs in the
+    same transaction. None when there is nothing to run; LookupError when the row is gone."""
+    with session_scope(factory) as s:
+        now = utcnow()
+        attempt = start(s, job_id, now)
+        row = get(s, job_id)
+        if row is None:
+            raise LookupError(f"{what} {job_id} does not exist (its pool was deleted?); nothing to run")
+        if attempt is None:
+            log.info("%s %s is %s, not queued: nothing to run", what, job_id, row.status)
+            return None
+        return read(row, attempt, now)
+
+
+def _batch_spec(batch: Batch, attempt: int, now: datetime) -> _BatchSpec:
+    return _BatchSpec(
+        batch_id=batch.id,
+        pool_id=batch.pool_id,
+        size=int(batch.size),
+        strategy=batch.strategy,
+        params=dict(batch.params or {}),
+        seed=batch_seed(batch.id, dict(batch.params or {})),
+        attempt=attempt,
+        queued_for=(now - batch.created_at).total_seconds(),
+    )
+
+
 def run_batch(batch_id: str) -> None:
     """Run one batch job (the job id is the batch id)."""
     env = context.env()
     settings = env.settings
     factory = env.sessionmaker
-    with session_scope(factory) as s:
-        now = utcnow()
-        attempt = store.start_batch(s, batch_id, now)
-        batch = store.get_batch_by_id(s, batch_id)
-        if batch is None:
-            raise LookupError(f"batch {batch_id} does not exist (its pool was deleted?); nothing to run")
-        if attempt is None:
-            log.info("batch %s is %s, not queued: nothing to run", batch_id, batch.status)
-            return
-        spec = _BatchSpec(
-            batch_id=batch.id,
-            pool_id=batch.pool_id,
-            size=int(batch.size),
-            strategy=batch.strategy,
-            params=dict(batch.params or {}),
-            seed=batch_seed(batch.id, dict(batch.params or {})),
-            attempt=attempt,
-            queued_for=(now - batch.created_at).total_seconds(),
-        )
+    spec = start_job(factory, "batch", batch_id, store.start_batch, store.get_batch_by_id, _batch_spec)
+    if spec is None:
+        return
+    attempt = spec.attempt
     log.info("batch %s: attempt %d, %s of %d", batch_id, attempt, spec.strategy, spec.size)
     try:
         with Tracker(factory, batch_id, attempt, settings.job_heartbeat_seconds) as tracker:
@@ -234,6 +257,7 @@ def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, mes
         batch.status = "failed"
         batch.error = message
         batch.finished_at = now
+        close_running(batch, "failed", message, now)
         store.release_reservations(s, batch_id, now)
 
 
@@ -381,7 +405,7 @@ def _store_batch(
             "finished_at": now,
             "heartbeat_at": now,
         }
-        if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished):
+        if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded"):
             raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
 
 
@@ -411,17 +435,17 @@ def run_select(job_id: str) -> None:
     """Run a ``POST /v1/select`` job: arrays from the job row, indices back into it."""
     env = context.env()
     factory = env.sessionmaker
-    with session_scope(factory) as s:
-        attempt = store.start_select_job(s, job_id, utcnow())
-        job = store.get_select_job(s, None, job_id)
-        if job is None:
-            raise LookupError(f"select job {job_id} does not exist; nothing to run")
-        if attempt is None:
-            log.info("select job %s is %s, not queued: nothing to run", job_id, job.status)
-            return
-        request = dict(job.request)
-        blob = job.arrays or b""
-        strategy = job.strategy
+    started = start_job(
+        factory,
+        "select job",
+        job_id,
+        store.start_select_job,
+        lambda s, jid: store.get_select_job(s, None, jid),
+        lambda job, attempt, _now: (attempt, dict(job.request), job.arrays or b"", job.strategy),
+    )
+    if started is None:
+        return
+    attempt, request, blob, strategy = started
     last = [0.0]
 
     def progress(done: int, total: int) -> None:

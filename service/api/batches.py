@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.schemas import Attempt
 from service.deps import RetryOnConflict, SessionDep, TenantDep
 from service.domain import batches as domain
 from service.errors import ERROR_RESPONSES
@@ -49,6 +50,7 @@ class BatchOut(BaseModel):
     checkpoint_id: str | None
     error: str | None
     attempts: int
+    attempt_history: list[Attempt] = Field(description="every attempt, oldest first, with its outcome")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
