@@ -22,7 +22,8 @@ import threading
 import time
 import traceback
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PROGRESS_EVERY_S = 0.5  # at most this often a progress write
-RESERVE_ATTEMPTS = 4  # selections tried when concurrent batches keep taking chosen items
+RESERVE_ATTEMPTS = 4  # selections tried when concurrent batches keep taking chosen items (SQLite, several processes)
+LOCK_POLL_S = 0.2  # a batch waiting for its pool's selection lock checks for cancellation this often
 
 
 def utcnow() -> datetime:
@@ -298,115 +300,144 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         timings["embed"] = time.perf_counter() - t
     # else: the strategy reads no model output (random): no head is trained, no checkpoint stored.
 
-    # select, then reserve; re-select when a concurrent batch took some of the chosen items
-    labeled, reserved = data.labeled, data.reserved
+    # Select and reserve under the pool's selection lock, in one transaction: read the design as it is
+    # now (labels and reservations committed since the load), select around it, reserve, commit. The
+    # next batch on the pool selects only after that commit, so a batch runs its selection once.
     params = {k: v for k, v in spec.params.items() if k != "seed"}
-    timings["select"] = 0.0
-    timings["store"] = 0.0
-    for retry in range(RESERVE_ATTEMPTS):
+    timings.update(lock_wait=0.0, select=0.0, store=0.0)
+    for run in range(1, RESERVE_ATTEMPTS + 1):
         t = time.perf_counter()
         tracker.stage("select", 0, spec.size)
-        result = selection.select(
-            spec.strategy,
-            embeddings=features,
-            probs=probs,
-            labeled=labeled,
-            reserved=reserved,
-            batch_size=spec.size,
-            task=task,
-            seed=spec.seed,
-            device=device,
-            progress=tracker.callback,
-            **params,
-        )
-        timings["select"] += time.perf_counter() - t
-        t = time.perf_counter()
-        tracker.stage("store", 0, spec.size)
         try:
-            _store_batch(spec, factory, data, trained, result, timings, retry, ttl_s, (t0, t))
+            with pool_selection_lock(spec.pool_id, tracker), session_scope(factory) as s:
+                wait_for_selection_lock(s, spec.pool_id, tracker)
+                timings["lock_wait"] += time.perf_counter() - t
+                t = time.perf_counter()
+                labeled_now, reserved_now = current_design(s, spec.pool_id, data.item_ids, utcnow())
+                # New labels since training are not trained on; they count as in the design (reserved).
+                reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), data.labeled)
+                result = selection.select(
+                    spec.strategy,
+                    embeddings=features,
+                    probs=probs,
+                    labeled=data.labeled,
+                    reserved=reserved,
+                    batch_size=spec.size,
+                    task=task,
+                    seed=spec.seed,
+                    device=device,
+                    progress=tracker.callback,
+                    **params,
+                )
+                timings["select"] += time.perf_counter() - t
+                t = time.perf_counter()
+                tracker.stage("store", 0, spec.size)
+                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), int(reserved.shape[0]))
             return
         except ReservationConflict:
+            # Only where the lock cannot reach: SQLite shared by several worker processes.
             timings["store"] += time.perf_counter() - t
             log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
-            with session_scope(factory) as s:
-                labeled_now, reserved_now = current_design(s, spec.pool_id, data.item_ids, utcnow())
-            # New labels since training are not trained on; they count as in the design (reserved).
-            reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), labeled)
     raise RuntimeError(
         f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
         "concurrent batches kept taking the chosen items"
     )
 
 
+_POOL_LOCKS: dict[str, threading.Lock] = {}
+_POOL_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def pool_selection_lock(pool_id: str, tracker: Tracker) -> Iterator[None]:
+    """One selection at a time per pool in this process (all SQLite has: one process, one writer),
+    held until the reservation is committed. Waiting is a cancellation point."""
+    with _POOL_LOCKS_GUARD:
+        lock = _POOL_LOCKS.setdefault(pool_id, threading.Lock())
+    while not lock.acquire(timeout=LOCK_POLL_S):
+        tracker.check()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def wait_for_selection_lock(s: Session, pool_id: str, tracker: Tracker) -> None:
+    """One selection at a time per pool across worker processes: PostgreSQL's advisory lock, held by
+    ``s``'s transaction until it commits the reservation (or rolls back; a dead worker's connection
+    drops it). Polled, so that a cancelled batch stops waiting."""
+    while not store.try_lock_selection(s, pool_id):
+        tracker.check()
+        time.sleep(LOCK_POLL_S)
+
+
 def _store_batch(
+    s: Session,
     spec: _BatchSpec,
-    factory: sessionmaker[Session],
     data: PoolArrays,
     trained: TrainedHead | None,
     result: Any,
     timings: dict[str, float],
-    retry: int,
+    run: int,
     ttl_s: int,
     started: tuple[float, float],
+    n_reserved: int,
 ) -> None:
-    """Reserve the chosen items and write checkpoint + result in one transaction (all or nothing)."""
+    """Reserve the chosen items and write checkpoint + result in ``s``'s transaction (all or nothing)."""
     rows = np.asarray(result.indices, dtype=np.int64)
     chosen_ids = data.item_ids[rows]
     weights = None if trained is None else save_checkpoint(trained)
-    with session_scope(factory) as s:
-        store.lock_pool(s, spec.pool_id)  # one reservation at a time per pool: fewer conflicts
-        batch = store.get_batch_by_id(s, spec.batch_id, for_update=True)
-        if batch is None or batch.status != "running" or batch.attempts != spec.attempt:
-            raise Stopped(spec.batch_id)
-        now = utcnow()
-        n = store.reserve_items(
-            s, spec.pool_id, spec.batch_id, chosen_ids.tolist(), now, now + timedelta(seconds=ttl_s)
+    batch = store.get_batch_by_id(s, spec.batch_id, for_update=True)
+    if batch is None or batch.status != "running" or batch.attempts != spec.attempt:
+        raise Stopped(spec.batch_id)
+    now = utcnow()
+    n = store.reserve_items(s, spec.pool_id, spec.batch_id, chosen_ids.tolist(), now, now + timedelta(seconds=ttl_s))
+    if n != len(chosen_ids):
+        raise ReservationConflict()  # rolls the partial reservation back
+    checkpoint = None
+    if trained is not None and weights is not None:
+        checkpoint = Checkpoint(
+            pool_id=spec.pool_id,
+            batch_id=spec.batch_id,
+            round=store.count_checkpoints(s, spec.pool_id) + 1,
+            n_labels=int(data.labeled.shape[0]),
+            config=trained.config.to_dict(),
+            metrics=dict(trained.metrics),
+            weights=weights,
+            created_at=now,
         )
-        if n != len(chosen_ids):
-            raise ReservationConflict()  # rolls the partial reservation back
-        checkpoint = None
-        if trained is not None and weights is not None:
-            checkpoint = Checkpoint(
-                pool_id=spec.pool_id,
-                batch_id=spec.batch_id,
-                round=store.count_checkpoints(s, spec.pool_id) + 1,
-                n_labels=int(data.labeled.shape[0]),
-                config=trained.config.to_dict(),
-                metrics=dict(trained.metrics),
-                weights=weights,
-                created_at=now,
-            )
-            s.add(checkpoint)
-            s.flush()
-        end = time.perf_counter()
-        timings["store"] += end - started[1]  # without the commit itself
-        timings["total"] = end - started[0]
-        finished = {
-            "item_ids": [data.external_ids[int(r)] for r in rows],
-            "objective": result.objective,
-            "diagnostics": _jsonable(
-                {
-                    "timings": timings,
-                    "selection": result.diagnostics,
-                    "head": None if trained is None else dict(trained.metrics),
-                    "n_pool": data.n,
-                    "n_labeled": int(data.labeled.shape[0]),
-                    "n_reserved_by_others": int(data.reserved.shape[0]),
-                    "reselections": retry,
-                    "attempt": spec.attempt,
-                    "seed": spec.seed,
-                }
-            ),
-            "checkpoint_id": None if checkpoint is None else checkpoint.id,
-            "status": "succeeded",
-            "progress_stage": "done",
-            "progress_done": len(rows),
-            "progress_total": len(rows),
-            "finished_at": now,
-            "heartbeat_at": now,
-        }
-        if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded"):
-            raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
+        s.add(checkpoint)
+        s.flush()
+    end = time.perf_counter()
+    timings["store"] += end - started[1]  # without the commit itself
+    timings["total"] = end - started[0]
+    finished = {
+        "item_ids": [data.external_ids[int(r)] for r in rows],
+        "objective": result.objective,
+        "diagnostics": _jsonable(
+            {
+                "timings": timings,
+                "selection": result.diagnostics,
+                "head": None if trained is None else dict(trained.metrics),
+                "n_pool": data.n,
+                "n_labeled": int(data.labeled.shape[0]),
+                "n_reserved_by_others": n_reserved,
+                "selection_runs": run,
+                "reselections": run - 1,
+                "attempt": spec.attempt,
+                "seed": spec.seed,
+            }
+        ),
+        "checkpoint_id": None if checkpoint is None else checkpoint.id,
+        "status": "succeeded",
+        "progress_stage": "done",
+        "progress_done": len(rows),
+        "progress_total": len(rows),
+        "finished_at": now,
+        "heartbeat_at": now,
+    }
+    if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded"):
+        raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
 
 
 def _jsonable(value: Any) -> Any:
