@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 import selection
@@ -231,6 +232,11 @@ def run_batch(batch_id: str) -> None:
             _run_batch(spec, factory, tracker, resolve_device(settings.device), settings.reservation_ttl_seconds)
     except Stopped:
         log.info("batch %s: stopped (cancelled or taken over); nothing written", batch_id)
+        return
+    except (OperationalError, InterfaceError):
+        # The database went away (restart, failover, network): this attempt is lost as if its worker had
+        # died. Nothing of it was committed; the sweep re-queues it once its heartbeat is stale.
+        log.warning("batch %s: database lost mid-job; the recovery sweep re-queues it", batch_id, exc_info=True)
         return
     except Exception as exc:
         log.error("batch %s failed:\n%s", batch_id, traceback.format_exc())
