@@ -318,7 +318,7 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     redis.stop()
 
 
-SLOW_POOL = {"n": 20_000, "d": 64, "classes": [f"c{i}" for i in range(10)]}  # a batch runs for seconds
+SLOW_POOL = {"n": 10_000, "d": 32, "classes": [f"c{i}" for i in range(10)]}  # a batch runs for seconds
 
 
 def _outage_under_load(
