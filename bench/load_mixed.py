@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.service_throughput import REPO, machine, mint_key, scratch_database
+from bench.service_throughput import REPO, machine, mint_key, scratch_database, wait_healthy
 
 OPS = ("GET pool", "GET items", "PUT 100 labels", "GET batch")
 CLASSES = [f"c{i}" for i in range(10)]
@@ -100,16 +100,7 @@ def stack(url: str, redis_url: str, log_dir: str) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if api.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the api did not start; see {log_dir}/api.log")
-            time.sleep(0.2)
+        wait_healthy(base, api, 90)
         yield base
     finally:
         for proc in (worker, api):
