@@ -169,20 +169,25 @@ def api_server(url: str) -> Iterator[str]:
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the api did not start")
-            time.sleep(0.2)
+        wait_healthy(base, proc, 60)
         yield base
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def wait_healthy(base: str, proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Wait until the api at ``base`` answers /healthz; RuntimeError if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the api did not start")
+        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------------------ payloads

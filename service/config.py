@@ -39,12 +39,17 @@ class Settings(BaseSettings):
     job_timeout_seconds: int = Field(default=3600, ge=10, description="RQ job timeout")
     job_max_attempts: int = Field(default=2, ge=1, description="a job whose worker died is re-queued this often")
     job_heartbeat_seconds: float = Field(
-        default=5.0, gt=0, description="a running job refreshes its heartbeat this often"
+        default=3.0, gt=0, description="a running job refreshes its heartbeat this often (from a side thread)"
     )
     job_stale_seconds: float = Field(
-        default=120.0, gt=0, description="a running job whose heartbeat is older than this is taken for dead"
+        default=15.0,
+        gt=0,
+        description="a running job whose heartbeat is older than this is taken for dead (at least 2x the heartbeat); "
+        "with the sweep interval this bounds recovery: a dead worker's batch is re-queued within stale + sweep",
     )
-    sweep_interval_seconds: float = Field(default=30.0, gt=0, description="how often workers look for dead jobs")
+    sweep_interval_seconds: float = Field(
+        default=5.0, gt=0, description="how often each worker looks for dead jobs (re-queues or fails them)"
+    )
     print_bootstrap_key: bool = Field(
         default=True, description="embedded mode: mint and print an API key on first start if none exists"
     )

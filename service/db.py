@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A transaction that lost a deadlock or a serialization conflict did nothing: run it again.
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+TRANSACTION_ATTEMPTS = 4  # runs of one transaction (or request) before the error is answered
+RETRY_BASE_SECONDS = 0.05  # full jitter: the n-th retry waits uniform(0, min(cap, base * 2**n))
+RETRY_CAP_SECONDS = 1.0
 
 
 def make_engine(settings: Settings) -> Engine:
@@ -51,3 +64,32 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A deadlock or serialization failure (PostgreSQL rolled the transaction back; running it again is safe)."""
+    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in RETRYABLE_SQLSTATES
+
+
+def retry_delay(retry: int) -> float:
+    """Seconds to wait before retry number ``retry`` (0-based): exponential with full jitter, so writers
+    that collided do not collide again in step."""
+    return random.uniform(0.0, min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 2**retry))
+
+
+def run_transaction(
+    factory: sessionmaker[Session], fn: Callable[[Session], T], *, attempts: int = TRANSACTION_ATTEMPTS
+) -> T:
+    """``fn(session)`` in one transaction (:func:`session_scope`), run again after a deadlock or
+    serialization failure, at most ``attempts`` times in all. ``fn`` must be safe to run again: it
+    only touches the session (its writes were rolled back)."""
+    for retry in range(attempts):
+        try:
+            with session_scope(factory) as session:
+                return fn(session)
+        except DBAPIError as exc:
+            if not is_retryable(exc) or retry == attempts - 1:
+                raise
+            log.info("transaction %s (retry %d of %d)", exc.orig.__class__.__name__, retry + 1, attempts - 1)
+            time.sleep(retry_delay(retry))
+    raise AssertionError("unreachable")

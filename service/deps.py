@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.db import session_scope
+from service.db import TRANSACTION_ATTEMPTS, is_retryable, retry_delay, session_scope
 from service.errors import Unauthorized
 from service.security import hash_key
 from service.store.models import ApiKey, Tenant
 
+log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 
 
@@ -32,6 +37,32 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+class RetryOnConflict(APIRoute):
+    """A route whose request runs again, from its dependencies to the commit, when PostgreSQL rolled its
+    transaction back for a deadlock or a serialization failure (at most ``TRANSACTION_ATTEMPTS`` runs,
+    exponential backoff with full jitter). The session dependency commits inside the route handler
+    (``scope="function"``), so a conflict at commit is retried too. Only for routes whose body is read
+    whole (JSON): a streamed body cannot be read twice."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def retrying(request: Request) -> Response:
+            for retry in range(TRANSACTION_ATTEMPTS - 1):
+                try:
+                    return await handler(request)
+                except DBAPIError as exc:
+                    if not is_retryable(exc):
+                        raise
+                    log.info("%s %s: %s, retrying", request.method, request.url.path, type(exc.orig).__name__)
+                await asyncio.sleep(retry_delay(retry))
+            return await handler(request)
+
+        return retrying
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 

@@ -29,11 +29,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import session_scope
 from service.store import embedding as repo
+from service.store.attempts import close_running
 from service.store.embedding import Reference
 from service.store.models import EncoderModel, Pool
 from worker import context
 from worker.encoders import Encoder, EncoderError, InputSpec, TorchScriptEncoder, encoder_source, make_encoder
-from worker.jobs import Stopped, Tracker, utcnow
+from worker.jobs import Stopped, Tracker, start_job, utcnow
 from worker.references import (
     BadReference,
     FetchLimits,
@@ -144,15 +145,17 @@ def run_embed(job_id: str) -> None:
     env = context.env()
     settings = env.settings
     factory = env.sessionmaker
-    with session_scope(factory) as s:
-        attempt = repo.start_job(s, job_id, utcnow())
-        job = repo.get_job(s, None, job_id)
-        if job is None:
-            raise LookupError(f"embed job {job_id} does not exist (its pool was deleted?); nothing to run")
-        if attempt is None:
-            log.info("embed job %s is %s, not queued: nothing to run", job_id, job.status)
-            return
-        pool_id = job.pool_id
+    started = start_job(
+        factory,
+        "embed job",
+        job_id,
+        repo.start_job,
+        lambda s, jid: repo.get_job(s, None, jid),
+        lambda job, attempt, _now: (attempt, job.pool_id),
+    )
+    if started is None:
+        return
+    attempt, pool_id = started
     log.info("embed job %s: attempt %d on pool %s", job_id, attempt, pool_id)
     try:
         with EmbedTracker(factory, job_id, attempt, settings.job_heartbeat_seconds) as tracker:
@@ -193,6 +196,7 @@ def _finish(
             job.progress_done = job.progress_total = counts["total"]
         job.finished_at = now
         job.heartbeat_at = now
+        close_running(job, status, error, now)
 
 
 def _load_pool(factory: sessionmaker[Session], pool_id: str) -> tuple[dict[str, Any], int, Any]:

@@ -22,12 +22,15 @@ import threading
 import time
 import traceback
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 import selection
@@ -36,15 +39,17 @@ from selection.heads import HeadConfig, TrainedHead, load_checkpoint, save_check
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.store import batches as store
-from service.store.attempts import finish_attempt
+from service.store.attempts import close_running, finish_attempt
 from service.store.models import Batch, Checkpoint, Pool
 from worker import context
 from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROGRESS_EVERY_S = 0.5  # at most this often a progress write
-RESERVE_ATTEMPTS = 4  # selections tried when concurrent batches keep taking chosen items
+RESERVE_ATTEMPTS = 4  # selections tried when concurrent batches keep taking chosen items (SQLite, several processes)
+LOCK_POLL_S = 0.2  # a batch waiting for its pool's selection lock checks for cancellation this often
 
 
 def utcnow() -> datetime:
@@ -177,36 +182,62 @@ def head_config(pool: Pool) -> HeadConfig:
     )
 
 
+def start_job(
+    factory: sessionmaker[Session],
+    what: str,
+    job_id: str,
+    start: Callable[[Session, str, datetime], int | None],
+    get: Callable[[Session, str], Any],
+    read: Callable[[Any, int, datetime], T],
+) -> T | None:
+    """The prologue of every job with attempts: move the row ``queued -> running`` with one conditional
+    UPDATE (so a duplicate delivery is a no-op) and ``read(row, attempt, now)`` what the job needs in the
+    same transaction. None when there is nothing to run; LookupError when the row is gone."""
+    with session_scope(factory) as s:
+        now = utcnow()
+        attempt = start(s, job_id, now)
+        row = get(s, job_id)
+        if row is None:
+            raise LookupError(f"{what} {job_id} does not exist (its pool was deleted?); nothing to run")
+        if attempt is None:
+            log.info("%s %s is %s, not queued: nothing to run", what, job_id, row.status)
+            return None
+        return read(row, attempt, now)
+
+
+def _batch_spec(batch: Batch, attempt: int, now: datetime) -> _BatchSpec:
+    return _BatchSpec(
+        batch_id=batch.id,
+        pool_id=batch.pool_id,
+        size=int(batch.size),
+        strategy=batch.strategy,
+        params=dict(batch.params or {}),
+        seed=batch_seed(batch.id, dict(batch.params or {})),
+        attempt=attempt,
+        queued_for=(now - batch.created_at).total_seconds(),
+    )
+
+
 def run_batch(batch_id: str) -> None:
     """Run one batch job (the job id is the batch id)."""
     env = context.env()
     settings = env.settings
     factory = env.sessionmaker
-    with session_scope(factory) as s:
-        now = utcnow()
-        attempt = store.start_batch(s, batch_id, now)
-        batch = store.get_batch_by_id(s, batch_id)
-        if batch is None:
-            raise LookupError(f"batch {batch_id} does not exist (its pool was deleted?); nothing to run")
-        if attempt is None:
-            log.info("batch %s is %s, not queued: nothing to run", batch_id, batch.status)
-            return
-        spec = _BatchSpec(
-            batch_id=batch.id,
-            pool_id=batch.pool_id,
-            size=int(batch.size),
-            strategy=batch.strategy,
-            params=dict(batch.params or {}),
-            seed=batch_seed(batch.id, dict(batch.params or {})),
-            attempt=attempt,
-            queued_for=(now - batch.created_at).total_seconds(),
-        )
+    spec = start_job(factory, "batch", batch_id, store.start_batch, store.get_batch_by_id, _batch_spec)
+    if spec is None:
+        return
+    attempt = spec.attempt
     log.info("batch %s: attempt %d, %s of %d", batch_id, attempt, spec.strategy, spec.size)
     try:
         with Tracker(factory, batch_id, attempt, settings.job_heartbeat_seconds) as tracker:
             _run_batch(spec, factory, tracker, resolve_device(settings.device), settings.reservation_ttl_seconds)
     except Stopped:
         log.info("batch %s: stopped (cancelled or taken over); nothing written", batch_id)
+        return
+    except (OperationalError, InterfaceError):
+        # The database went away (restart, failover, network): this attempt is lost as if its worker had
+        # died. Nothing of it was committed; the sweep re-queues it once its heartbeat is stale.
+        log.warning("batch %s: database lost mid-job; the recovery sweep re-queues it", batch_id, exc_info=True)
         return
     except Exception as exc:
         log.error("batch %s failed:\n%s", batch_id, traceback.format_exc())
@@ -235,6 +266,7 @@ def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, mes
         batch.status = "failed"
         batch.error = message
         batch.finished_at = now
+        close_running(batch, "failed", message, now)
         store.release_reservations(s, batch_id, now)
 
 
@@ -275,119 +307,148 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         timings["embed"] = time.perf_counter() - t
     # else: the strategy reads no model output (random): no head is trained, no checkpoint stored.
 
-    # select, then reserve; re-select when a concurrent batch took some of the chosen items
-    labeled, reserved = data.labeled, data.reserved
+    # Select and reserve under the pool's selection lock, in one transaction: read the design as it is
+    # now (labels and reservations committed since the load), select around it, reserve, commit. The
+    # next batch on the pool selects only after that commit, so a batch runs its selection once.
     params = {k: v for k, v in spec.params.items() if k != "seed"}
-    timings["select"] = 0.0
-    timings["store"] = 0.0
-    for retry in range(RESERVE_ATTEMPTS):
+    timings.update(lock_wait=0.0, select=0.0, store=0.0)
+    for run in range(1, RESERVE_ATTEMPTS + 1):
         t = time.perf_counter()
         # The strategy reports its own total (BAIT: setup chunks + forward and backward steps): announce the
         # stage with an unknown total (0) rather than a guess that the first report would contradict.
         tracker.stage("select", 0, 0)
-        result = selection.select(
-            spec.strategy,
-            embeddings=features,
-            probs=probs,
-            labeled=labeled,
-            reserved=reserved,
-            batch_size=spec.size,
-            task=task,
-            seed=spec.seed,
-            device=device,
-            progress=tracker.callback,
-            **params,
-        )
-        timings["select"] += time.perf_counter() - t
-        t = time.perf_counter()
-        tracker.stage("store", 0, spec.size)
         try:
-            _store_batch(spec, factory, data, trained, result, timings, retry, ttl_s, (t0, t))
+            with pool_selection_lock(spec.pool_id, tracker), session_scope(factory) as s:
+                wait_for_selection_lock(s, spec.pool_id, tracker)
+                timings["lock_wait"] += time.perf_counter() - t
+                t = time.perf_counter()
+                labeled_now, reserved_now = current_design(s, spec.pool_id, data.item_ids, utcnow())
+                # New labels since training are not trained on; they count as in the design (reserved).
+                reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), data.labeled)
+                result = selection.select(
+                    spec.strategy,
+                    embeddings=features,
+                    probs=probs,
+                    labeled=data.labeled,
+                    reserved=reserved,
+                    batch_size=spec.size,
+                    task=task,
+                    seed=spec.seed,
+                    device=device,
+                    progress=tracker.callback,
+                    **params,
+                )
+                timings["select"] += time.perf_counter() - t
+                t = time.perf_counter()
+                tracker.stage("store", 0, spec.size)
+                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), int(reserved.shape[0]))
             return
         except ReservationConflict:
+            # Only where the lock cannot reach: SQLite shared by several worker processes.
             timings["store"] += time.perf_counter() - t
             log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
-            with session_scope(factory) as s:
-                labeled_now, reserved_now = current_design(s, spec.pool_id, data.item_ids, utcnow())
-            # New labels since training are not trained on; they count as in the design (reserved).
-            reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), labeled)
     raise RuntimeError(
         f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
         "concurrent batches kept taking the chosen items"
     )
 
 
+_POOL_LOCKS: dict[str, threading.Lock] = {}
+_POOL_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def pool_selection_lock(pool_id: str, tracker: Tracker) -> Iterator[None]:
+    """One selection at a time per pool in this process (all SQLite has: one process, one writer),
+    held until the reservation is committed. Waiting is a cancellation point."""
+    with _POOL_LOCKS_GUARD:
+        lock = _POOL_LOCKS.setdefault(pool_id, threading.Lock())
+    while not lock.acquire(timeout=LOCK_POLL_S):
+        tracker.check()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def wait_for_selection_lock(s: Session, pool_id: str, tracker: Tracker) -> None:
+    """One selection at a time per pool across worker processes: PostgreSQL's advisory lock, held by
+    ``s``'s transaction until it commits the reservation (or rolls back; a dead worker's connection
+    drops it). Polled, so that a cancelled batch stops waiting."""
+    while not store.try_lock_selection(s, pool_id):
+        tracker.check()
+        time.sleep(LOCK_POLL_S)
+
+
 def _store_batch(
+    s: Session,
     spec: _BatchSpec,
-    factory: sessionmaker[Session],
     data: PoolArrays,
     trained: TrainedHead | None,
     result: Any,
     timings: dict[str, float],
-    retry: int,
+    run: int,
     ttl_s: int,
     started: tuple[float, float],
+    n_reserved: int,
 ) -> None:
-    """Reserve the chosen items and write checkpoint + result in one transaction (all or nothing)."""
+    """Reserve the chosen items and write checkpoint + result in ``s``'s transaction (all or nothing)."""
     rows = np.asarray(result.indices, dtype=np.int64)
     chosen_ids = data.item_ids[rows]
     weights = None if trained is None else save_checkpoint(trained)
-    with session_scope(factory) as s:
-        store.lock_pool(s, spec.pool_id)  # one reservation at a time per pool: fewer conflicts
-        batch = store.get_batch_by_id(s, spec.batch_id, for_update=True)
-        if batch is None or batch.status != "running" or batch.attempts != spec.attempt:
-            raise Stopped(spec.batch_id)
-        now = utcnow()
-        n = store.reserve_items(
-            s, spec.pool_id, spec.batch_id, chosen_ids.tolist(), now, now + timedelta(seconds=ttl_s)
+    batch = store.get_batch_by_id(s, spec.batch_id, for_update=True)
+    if batch is None or batch.status != "running" or batch.attempts != spec.attempt:
+        raise Stopped(spec.batch_id)
+    now = utcnow()
+    n = store.reserve_items(s, spec.pool_id, spec.batch_id, chosen_ids.tolist(), now, now + timedelta(seconds=ttl_s))
+    if n != len(chosen_ids):
+        raise ReservationConflict()  # rolls the partial reservation back
+    checkpoint = None
+    if trained is not None and weights is not None:
+        checkpoint = Checkpoint(
+            pool_id=spec.pool_id,
+            batch_id=spec.batch_id,
+            round=store.count_checkpoints(s, spec.pool_id) + 1,
+            n_labels=int(data.labeled.shape[0]),
+            config=trained.config.to_dict(),
+            metrics=dict(trained.metrics),
+            weights=weights,
+            created_at=now,
         )
-        if n != len(chosen_ids):
-            raise ReservationConflict()  # rolls the partial reservation back
-        checkpoint = None
-        if trained is not None and weights is not None:
-            checkpoint = Checkpoint(
-                pool_id=spec.pool_id,
-                batch_id=spec.batch_id,
-                round=store.count_checkpoints(s, spec.pool_id) + 1,
-                n_labels=int(data.labeled.shape[0]),
-                config=trained.config.to_dict(),
-                metrics=dict(trained.metrics),
-                weights=weights,
-                created_at=now,
-            )
-            s.add(checkpoint)
-            s.flush()
-        end = time.perf_counter()
-        timings["store"] += end - started[1]  # without the commit itself
-        timings["total"] = end - started[0]
-        finished = {
-            "item_ids": [data.external_ids[int(r)] for r in rows],
-            "objective": result.objective,
-            "diagnostics": _jsonable(
-                {
-                    "timings": timings,
-                    "selection": result.diagnostics,
-                    "head": None if trained is None else dict(trained.metrics),
-                    "n_pool": data.n,
-                    "n_labeled": int(data.labeled.shape[0]),
-                    "n_reserved_by_others": int(data.reserved.shape[0]),
-                    "reselections": retry,
-                    "attempt": spec.attempt,
-                    "seed": spec.seed,
-                    # every seed this batch used: the head's initialisation and minibatch order, the strategy's
-                    "seeds": {"train": None if trained is None else spec.seed, "select": spec.seed},
-                }
-            ),
-            "checkpoint_id": None if checkpoint is None else checkpoint.id,
-            "status": "succeeded",
-            "progress_stage": "done",
-            "progress_done": len(rows),
-            "progress_total": len(rows),
-            "finished_at": now,
-            "heartbeat_at": now,
-        }
-        if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished):
-            raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
+        s.add(checkpoint)
+        s.flush()
+    end = time.perf_counter()
+    timings["store"] += end - started[1]  # without the commit itself
+    timings["total"] = end - started[0]
+    finished = {
+        "item_ids": [data.external_ids[int(r)] for r in rows],
+        "objective": result.objective,
+        "diagnostics": _jsonable(
+            {
+                "timings": timings,
+                "selection": result.diagnostics,
+                "head": None if trained is None else dict(trained.metrics),
+                "n_pool": data.n,
+                "n_labeled": int(data.labeled.shape[0]),
+                "n_reserved_by_others": n_reserved,
+                "selection_runs": run,
+                "reselections": run - 1,
+                "attempt": spec.attempt,
+                "seed": spec.seed,
+                # every seed this batch used: the head's initialisation and minibatch order, the strategy's
+                "seeds": {"train": None if trained is None else spec.seed, "select": spec.seed},
+            }
+        ),
+        "checkpoint_id": None if checkpoint is None else checkpoint.id,
+        "status": "succeeded",
+        "progress_stage": "done",
+        "progress_done": len(rows),
+        "progress_total": len(rows),
+        "finished_at": now,
+        "heartbeat_at": now,
+    }
+    if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded"):
+        raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
 
 
 def _jsonable(value: Any) -> Any:
@@ -416,17 +477,17 @@ def run_select(job_id: str) -> None:
     """Run a ``POST /v1/select`` job: arrays from the job row, indices back into it."""
     env = context.env()
     factory = env.sessionmaker
-    with session_scope(factory) as s:
-        attempt = store.start_select_job(s, job_id, utcnow())
-        job = store.get_select_job(s, None, job_id)
-        if job is None:
-            raise LookupError(f"select job {job_id} does not exist; nothing to run")
-        if attempt is None:
-            log.info("select job %s is %s, not queued: nothing to run", job_id, job.status)
-            return
-        request = dict(job.request)
-        blob = job.arrays or b""
-        strategy = job.strategy
+    started = start_job(
+        factory,
+        "select job",
+        job_id,
+        store.start_select_job,
+        lambda s, jid: store.get_select_job(s, None, jid),
+        lambda job, attempt, _now: (attempt, dict(job.request), job.arrays or b"", job.strategy),
+    )
+    if started is None:
+        return
+    attempt, request, blob, strategy = started
     last = [0.0]
 
     def progress(done: int, total: int) -> None:

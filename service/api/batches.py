@@ -12,12 +12,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import SessionDep, TenantDep
+from service.api.schemas import Attempt
+from service.deps import RetryOnConflict, SessionDep, TenantDep
 from service.domain import batches as domain
 from service.errors import ERROR_RESPONSES
 from service.queue import JobQueue
 
-router = APIRouter(prefix="/v1/pools/{pool}/batches", tags=["batches"])
+router = APIRouter(prefix="/v1/pools/{pool}/batches", tags=["batches"], route_class=RetryOnConflict)
 
 BatchStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
@@ -49,6 +50,7 @@ class BatchOut(BaseModel):
     checkpoint_id: str | None
     error: str | None
     attempts: int
+    attempt_history: list[Attempt] = Field(description="every attempt, oldest first, with its outcome")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

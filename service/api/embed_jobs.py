@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import BaseModel, Field
 
+from service.api.schemas import Attempt
 from service.deps import SessionDep, TenantDep
 from service.domain import embedding as domain
 from service.domain.pools import get_pool
@@ -34,6 +35,7 @@ class EmbedJobOut(BaseModel):
     counts: dict[str, Any] = Field(description="once finished: embedded, errors, skipped, total")
     error: str | None = Field(description="why the job failed (per-item errors are on the items)")
     attempts: int
+    attempt_history: list[Attempt] = Field(description="every attempt, oldest first, with its outcome")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from service.api.schemas import LabelEvent, LabelHistory, LabelsPut, LabelsResult
-from service.deps import SessionDep, SettingsDep, TenantDep
+from service.deps import RetryOnConflict, SessionDep, SettingsDep, TenantDep
 from service.domain import labels as labels_domain
 from service.domain.pools import get_pool
 from service.errors import ERROR_RESPONSES
 
-router = APIRouter(prefix="/v1/pools", tags=["labels"])
+router = APIRouter(prefix="/v1/pools", tags=["labels"], route_class=RetryOnConflict)
 
 
 @router.put("/{pool}/labels", response_model=LabelsResult, responses=ERROR_RESPONSES)

@@ -256,3 +256,17 @@ class EncoderOut(BaseModel):
 
 class EncoderList(BaseModel):
     encoders: list[EncoderOut]
+
+
+class Attempt(BaseModel):
+    """One attempt of a job: when and where it ran, and how it ended."""
+
+    n: int = Field(description="attempt number, from 1")
+    started_at: datetime
+    ended_at: datetime | None = Field(description="null while it runs")
+    worker: str | None = Field(description="the worker process that ran it (host:pid)")
+    outcome: Literal["running", "succeeded", "failed", "cancelled", "worker_lost"] = Field(
+        description="worker_lost: its worker stopped sending heartbeats (killed, lost machine) and the job was "
+        "re-queued or, out of attempts, failed"
+    )
+    reason: str | None = Field(description="why it ended so: the error, or how long the heartbeat was missing")

@@ -24,6 +24,7 @@ from service.domain.pools import get_pool
 from service.errors import BadRequest, Conflict, NotFound
 from service.queue import JobQueue, enqueue_on_commit
 from service.store import batches as store
+from service.store.attempts import close_running
 from service.store.models import Batch, Pool
 
 RUN_BATCH = "worker.jobs.run_batch"
@@ -159,6 +160,7 @@ def cancel_batch(session: Session, tenant_id: str, pool_id: str, batch_id: str) 
             f"batch {batch_id!r} is {batch.status} and cannot be cancelled", details={"status": batch.status}
         )
     session.refresh(batch)
+    close_running(batch, "cancelled", "cancelled by the client", now)
     released = store.release_reservations(session, batch.id, now)
     diagnostics = dict(batch.diagnostics or {})
     diagnostics["cancelled"] = {"from_status": from_status, "released_items": released}
@@ -185,6 +187,7 @@ def batch_view(batch: Batch) -> dict[str, Any]:
         "checkpoint_id": batch.checkpoint_id,
         "error": batch.error,
         "attempts": batch.attempts,
+        "attempt_history": batch.attempt_history or [],
         "created_at": batch.created_at,
         "started_at": batch.started_at,
         "finished_at": batch.finished_at,

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.db import session_scope
 from service.domain.encoders import accepts_text, check_pool_encoder
+from service.domain.recovery import JobKind, Recovery, sweep
 from service.errors import BadRequest, NotFound, TooManyItems
 from service.queue import JobQueue, enqueue_on_commit
 from service.store import embedding as repo
@@ -139,59 +138,22 @@ def job_view(job: EmbedJob) -> dict[str, Any]:
         "counts": job.counts or {},
         "error": job.error,
         "attempts": job.attempts,
+        "attempt_history": job.attempt_history or [],
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
     }
 
 
-@dataclass
-class EmbedRecovery:
-    requeued: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    resubmitted: list[str] = field(default_factory=list)
+EMBED_JOB = JobKind(RUN_EMBED, "job_id")
 
 
 def recover_embed_jobs(
-    factory: sessionmaker[Session], queue: JobQueue, settings: Settings, *, assume_dead: bool
-) -> EmbedRecovery:
+    session: Session, queue: JobQueue, settings: Settings, now: datetime, report: Recovery, *, assume_dead: bool
+) -> None:
     """Re-queue (or fail, out of attempts) embed jobs whose worker died; resubmit lost queued ones.
 
-    Same rules as :func:`service.domain.jobs.recover_jobs` for batches: a running job whose heartbeat
-    is older than ``job_stale_seconds`` is dead. What it wrote stays (each chunk of items is committed
-    with its embeddings); the next attempt encodes what is still pending.
+    Same rules as for batches (:func:`service.domain.recovery.sweep`). What a dead job wrote stays (each
+    chunk of items is committed with its embeddings); the next attempt encodes what is still pending.
     """
-    report = EmbedRecovery()
-    now = utcnow()
-    stale_before = now - timedelta(seconds=settings.job_stale_seconds)
-    grace_before = now - timedelta(seconds=min(settings.job_stale_seconds, 60.0))
-    with session_scope(factory) as session:
-        for job in repo.active_jobs(session):
-            if job.status == "queued":
-                if assume_dead or (job.created_at < grace_before and not queue.is_pending(job.id)):
-                    enqueue_on_commit(session, queue, RUN_EMBED, job.id, job_id=job.id)
-                    report.resubmitted.append(job.id)
-                continue
-            beat = job.heartbeat_at or job.started_at or job.created_at
-            if not (assume_dead or beat < stale_before):
-                continue
-            died = f"the worker running attempt {job.attempts} stopped responding (heartbeat {beat.isoformat()})"
-            if job.attempts < settings.job_max_attempts:
-                job.status = "queued"
-                job.progress_stage = "queued"
-                job.error = f"re-queued: {died}"
-                enqueue_on_commit(session, queue, RUN_EMBED, job.id, replace=True, job_id=job.id)
-                report.requeued.append(job.id)
-            else:
-                job.status = "failed"
-                job.error = f"{died}; gave up after {job.attempts} attempt(s)"
-                job.finished_at = now
-                report.failed.append(job.id)
-    if report.requeued or report.failed or report.resubmitted:
-        log.warning(
-            "embed job recovery: re-queued %s, failed %s, resubmitted %s",
-            report.requeued,
-            report.failed,
-            report.resubmitted,
-        )
-    return report
+    sweep(session, repo.active_jobs(session), EMBED_JOB, queue, settings, now, report, assume_dead=assume_dead)

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from service.store.attempts import start_attempt, touch_attempt
-from service.store.models import Batch, Checkpoint, Item, Pool, SelectJob
+from service.store.models import Batch, Checkpoint, Item, SelectJob
 
 ACTIVE_BATCH = ("queued", "running")
 
@@ -60,9 +60,18 @@ def design_rows(session: Session, pool_id: str, now: datetime) -> Sequence[Any]:
     ).all()
 
 
-def lock_pool(session: Session, pool_id: str) -> None:
-    """Serialise reservations on one pool (row lock on PostgreSQL; SQLite serialises writers anyway)."""
-    session.execute(select(Pool.id).where(Pool.id == pool_id).with_for_update())
+def try_lock_selection(session: Session, pool_id: str) -> bool:
+    """Take the pool's selection lock for the rest of the transaction if it is free (PostgreSQL: a
+    transaction-level advisory lock keyed by the pool, which blocks no reader or writer of the pool's
+    rows, only other selections); True elsewhere (SQLite: the worker's process lock serialises)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(
+        session.execute(
+            text("SELECT pg_try_advisory_xact_lock(hashtext('bait.selection'), hashtext(:pool_id))"),
+            {"pool_id": pool_id},
+        ).scalar_one()
+    )
 
 
 def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterator[Sequence[Any]]:
@@ -143,8 +152,13 @@ def reserve_items(
 ) -> int:
     """Reserve the items still available; returns how many were reserved (all-or-nothing is the caller's)."""
     reserved = 0
-    ids = list(item_ids)
+    ids = sorted(item_ids)
+    postgres = session.get_bind().dialect.name == "postgresql"
     for begin in range(0, len(ids), 5000):
+        if postgres:  # lock in id order, as label writes do, so the two never deadlock
+            session.execute(
+                select(Item.id).where(Item.id.in_(ids[begin : begin + 5000])).order_by(Item.id).with_for_update()
+            )
         result = session.execute(
             update(Item)
             .where(Item.pool_id == pool_id, Item.id.in_(ids[begin : begin + 5000]), available_clause(now))

@@ -245,9 +245,19 @@ def get_item(session: Session, pool_id: str, external_id: str, *, now: datetime)
 
 
 def set_labels(session: Session, values: Sequence[tuple[int, Any]], now: datetime) -> None:
-    """Label items (internal id, value): status ``labeled``, reservation cleared, ``batch_id`` kept."""
+    """Label items (internal id, value): status ``labeled``, reservation cleared, ``batch_id`` kept.
+
+    The rows are locked in id order before they are written: two writes of the same items given in
+    different orders then queue behind each other instead of deadlocking (an UPDATE ... FROM locks rows
+    in whatever order its join produces them).
+    """
     table = ITEMS
+    values = sorted(values, key=lambda v: v[0])
     if session.get_bind().dialect.name == "postgresql":
+        ids = [iid for iid, _ in values]
+        session.execute(
+            text("SELECT id FROM items WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE"), {"ids": ids}
+        )
         # One set-based statement over arrays instead of one UPDATE per item.
         session.execute(
             text(
@@ -255,7 +265,7 @@ def set_labels(session: Session, values: Sequence[tuple[int, Any]], now: datetim
                 "reserved_until = NULL, updated_at = :now "
                 "FROM unnest(CAST(:ids AS bigint[]), CAST(:labels AS text[])) AS v(id, label) WHERE items.id = v.id"
             ),
-            {"ids": [iid for iid, _ in values], "labels": [json.dumps(v) for _, v in values], "now": now},
+            {"ids": ids, "labels": [json.dumps(v) for _, v in values], "now": now},
         )
         return
     for chunk in _chunks(values, _SQLITE_UPSERT_CHUNK):

@@ -178,6 +178,8 @@ class Batch(Base):
     checkpoint_id: Mapped[str | None] = mapped_column(String(32))
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # [{"n", "started_at", "ended_at", "worker", "outcome", "reason"}] (service.store.attempts)
+    attempt_history: Mapped[list[Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -322,6 +324,8 @@ class EmbedJob(Base):
     counts: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {"embedded", "errors", "skipped"}
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # [{"n", "started_at", "ended_at", "worker", "outcome", "reason"}] (service.store.attempts)
+    attempt_history: Mapped[list[Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

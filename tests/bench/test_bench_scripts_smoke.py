@@ -2,7 +2,8 @@
 
 ``bench/service_throughput.py --smoke`` (which includes ``bench/batch_latency.py``'s rows) runs the
 API in a uvicorn subprocess on a scratch database: PostgreSQL when the suite runs against it
-(``BAIT_TEST_DATABASE_URL``), else a temporary SQLite file.
+(``BAIT_TEST_DATABASE_URL``), else a temporary SQLite file. ``bench/load_mixed.py --smoke`` runs
+the mixed load on PostgreSQL + Redis + one RQ worker (the PostgreSQL + Redis pass only).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,3 +71,30 @@ def test_embedding_throughput_smoke_reports_every_encoder() -> None:
     for line in rows:
         rate = float(line.strip().strip("|").split("|")[3].replace(",", ""))
         assert math.isfinite(rate) and rate > 0, line
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("BAIT_TEST_DATABASE_URL") and os.environ.get("BAIT_TEST_REDIS_URL")),
+    reason="bench/load_mixed.py measures the production stack: needs PostgreSQL and Redis "
+    "(BAIT_TEST_DATABASE_URL, BAIT_TEST_REDIS_URL)",
+)
+def test_load_mixed_smoke_runs_both_phases_without_errors() -> None:
+    out = _run(
+        [
+            str(ROOT / "bench" / "load_mixed.py"),
+            "--smoke",
+            "--database-url",
+            os.environ["BAIT_TEST_DATABASE_URL"],
+            "--redis-url",
+            os.environ["BAIT_TEST_REDIS_URL"],
+        ]
+    )
+    summary = out.split("p50 / p99 ms by request")[0]  # the first table (the second is per request kind)
+    rows = _table(summary)
+    for phase in ("baseline (no selection)", "with a bait selection running"):
+        requests, rate, p50, p99, _, errors = rows[phase]
+        assert int(requests.replace(",", "")) == 200, (phase, out)
+        assert errors == "0", (phase, out)  # no request fails, with or without a selection running
+        assert all(math.isfinite(float(v)) and float(v) > 0 for v in (rate, p50, p99)), (phase, out)
+        assert float(p50) <= float(p99)
+    assert "load avg" in out and "batch succeeded" in out, out

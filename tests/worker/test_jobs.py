@@ -12,11 +12,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.api.batches import BatchOut
 from service.config import Settings
 from service.db import session_scope
+from service.domain.batches import batch_view, cancel_batch
 from service.domain.jobs import recover_jobs
 from service.main import create_app
-from service.store.models import Batch, Item
+from service.store.attempts import opened, worker_name
+from service.store.models import Batch, Item, Pool
 from tests.conftest import REDIS_URL
 from tests.worker.factories import item_states, make_pool
 
@@ -61,6 +64,52 @@ def test_stale_running_batch_is_requeued_and_then_succeeds(
     batch = batch_row(db, batch_id)
     assert batch.status == "succeeded" and batch.attempts == 2 and batch.error is None
     assert batch.item_ids is not None and len(batch.item_ids) == 5
+
+
+def test_requeued_batch_shows_its_attempt_history_with_the_reason(
+    client: TestClient, db: sessionmaker[Session], quick: Settings, run_jobs: Any
+) -> None:
+    pool = make_pool(db, n=40, n_labeled=5)
+    batch_id = dead_batch(db, pool.pool_id, attempts=1, beat_age_s=30)
+    with session_scope(db) as s:  # what start_attempt wrote when the dead worker took it
+        batch = s.get(Batch, batch_id)
+        assert batch is not None and batch.started_at is not None
+        batch.attempt_history = opened(None, 1, batch.started_at, "gone-host:4242")
+    recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
+    run_jobs()
+    batch = batch_row(db, batch_id)
+    assert batch.status == "succeeded"
+    view = BatchOut.model_validate(batch_view(batch)).model_dump(mode="json")
+    first, second = view["attempt_history"]
+    assert first["n"] == 1 and first["worker"] == "gone-host:4242" and first["outcome"] == "worker_lost"
+    assert first["reason"] in ("no heartbeat for 30 s", "no heartbeat for 31 s") and first["ended_at"] is not None
+    assert second["n"] == 2 and second["outcome"] == "succeeded" and second["reason"] is None
+    assert second["worker"] == worker_name()  # this process ran it (in-process runner or SimpleWorker)
+    assert second["started_at"] <= second["ended_at"]
+
+
+def test_failed_and_cancelled_attempts_say_why(
+    client: TestClient, db: sessionmaker[Session], quick: Settings, run_jobs: Any
+) -> None:
+    pool = make_pool(db, n=40, n_labeled=5)
+    out_of_attempts = dead_batch(db, pool.pool_id, attempts=quick.job_max_attempts, beat_age_s=20)
+    running = dead_batch(db, pool.pool_id, attempts=1, beat_age_s=0)
+    with session_scope(db) as s:
+        for bid in (out_of_attempts, running):
+            batch = s.get(Batch, bid)
+            assert batch is not None and batch.started_at is not None
+            batch.attempt_history = opened(None, batch.attempts, batch.started_at, "w:1")
+    recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
+    lost = batch_row(db, out_of_attempts)
+    assert lost.status == "failed" and lost.attempt_history is not None
+    assert lost.attempt_history[-1]["outcome"] == "worker_lost"
+    assert lost.attempt_history[-1]["reason"].startswith("no heartbeat for 2")
+    with session_scope(db) as s:
+        pool_row = s.get(Pool, pool.pool_id)
+        assert pool_row is not None
+        cancel_batch(s, pool_row.tenant_id, pool.pool_id, running)
+    history = batch_row(db, running).attempt_history
+    assert history is not None and history[-1]["outcome"] == "cancelled" and history[-1]["ended_at"] is not None
 
 
 def test_stale_batch_out_of_attempts_fails_and_releases_reservations(
@@ -158,7 +207,9 @@ def test_an_attempt_cannot_finish_a_batch_cancelled_meanwhile(db: sessionmaker[S
     with session_scope(db) as s:  # the user's cancel commits while the job is still selecting
         assert cancel_if(s, batch_id, ("queued", "running", "succeeded"), datetime.now(UTC))
     with session_scope(db) as s:  # the job, which last saw "running", tries to finish
-        assert not finish_attempt(s, Batch, batch_id, 1, {"status": "succeeded", "item_ids": ["x"]})
+        assert not finish_attempt(
+            s, Batch, batch_id, 1, {"status": "succeeded", "item_ids": ["x"]}, outcome="succeeded"
+        )
     batch = batch_row(db, batch_id)
     assert batch.status == "cancelled" and batch.item_ids is None
     with session_scope(db) as s:  # and a cancelled batch cannot be cancelled again
