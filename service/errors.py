@@ -121,6 +121,10 @@ class InvalidFile(BadRequest):
     code = "invalid_file"  # unreadable .npz/Parquet, missing columns, ragged lists, wrong dtype
 
 
+class EncoderRejected(BadRequest):
+    code = "encoder_rejected"  # an uploaded TorchScript module uses an operator outside the allowlist
+
+
 class InvalidCursor(BadRequest):
     code = "invalid_cursor"
 
