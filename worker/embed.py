@@ -32,7 +32,7 @@ from service.store import embedding as repo
 from service.store.embedding import Reference
 from service.store.models import EncoderModel, Pool
 from worker import context
-from worker.encoder_process import EncoderLimitExceeded
+from worker.encoder_process import EncoderInputError, EncoderLimitExceeded
 from worker.encoders import Encoder, EncoderError, InputSpec, TorchScriptEncoder, encoder_source, make_encoder
 from worker.jobs import Stopped, Tracker, utcnow
 from worker.references import (
@@ -141,6 +141,8 @@ def encode_chunk(encoder: Encoder, inputs: Sequence[Any], dim: int) -> tuple[lis
                 raise
             except EncoderLimitExceeded as exc:
                 err[r] = str(exc)
+            except EncoderInputError as exc:
+                err[r] = f"the encoder failed on this input: {exc}"
             except Exception as exc:
                 err[r] = f"cannot encode: {type(exc).__name__}: {str(exc)[:500]}"
     return out, err

@@ -55,6 +55,13 @@ def to_npy(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def error_line(exc: BaseException) -> str:
+    """The error itself, without the TorchScript traceback that precedes it in the message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    return (last if ":" in last else f"{type(exc).__name__}: {last}")[:1000]
+
+
 def forward(module: Any, x: np.ndarray, device: str) -> tuple[int, bytes]:
     """One forward pass: ``(status, payload)`` per the protocol."""
     import torch
@@ -63,7 +70,7 @@ def forward(module: Any, x: np.ndarray, device: str) -> tuple[int, bytes]:
         with torch.inference_mode():
             out = module(torch.from_numpy(x).to(device))
     except Exception as exc:  # the module rejected this input (or ran out of memory on it)
-        return INPUT_ERROR, f"{type(exc).__name__}: {exc}"[:2000].encode()
+        return INPUT_ERROR, error_line(exc).encode()
     if isinstance(out, tuple | list) and out:
         out = out[0]
     if not isinstance(out, torch.Tensor):

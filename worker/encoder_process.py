@@ -135,6 +135,8 @@ class EncoderProcess:
             return out
         message = reply.decode("utf-8", "replace")
         if status == INPUT_ERROR:
+            if self.memory_bytes and "allocate memory" in message:
+                message += f" (memory limit {self.memory_bytes} bytes, BAIT_ENCODER_MEMORY_BYTES)"
             raise EncoderInputError(message)
         from worker.encoders import EncoderError
 
