@@ -8,6 +8,7 @@ raises it too; the next batch starts a fresh child. The error messages say which
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -101,10 +102,8 @@ class EncoderProcess:
             self.workdir = None
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to clean reliably
             self.close()
-        except Exception:  # interpreter shutdown: nothing left to clean reliably
-            pass
 
     # ---------------------------------------------------------------------------------------- use
 
@@ -207,7 +206,5 @@ class EncoderProcess:
             log.warning("encoder child %d did not exit after SIGKILL", proc.pid)
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass

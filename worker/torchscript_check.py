@@ -26,9 +26,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+
 # Tensor math, nn functional ops, shapes, reductions, creation, and the scalar/list/str helpers that
 # scripted Python lowers to. In-place variants (``relu_``) are allowed when their base name is.
-ALLOWED_ATEN: frozenset[str] = frozenset(
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+ALLOWED_ATEN: frozenset[str] = _words(
     """
     abs absolute acos arccos acosh arccosh add addcdiv addcmul asin arcsin asinh arcsinh atan arctan atan2
     arctan2 atanh arctanh ceil clamp clamp_min clamp_max clip cos cosh div divide true_divide floor_divide
@@ -75,15 +80,15 @@ ALLOWED_ATEN: frozenset[str] = frozenset(
     values items get setdefault dict format str warn _unwrap_optional is_floating_point is_complex
     is_grad_enabled is_autocast_enabled is_autocast_cpu_enabled is_contiguous requires_grad_ divmod
     mathremainder
-    """.split()
+    """
 )
-ALLOWED_PRIM: frozenset[str] = frozenset(
+ALLOWED_PRIM: frozenset[str] = _words(
     """
     Constant ListConstruct ListUnpack TupleConstruct TupleUnpack TupleIndex TupleSlice DictConstruct
     DictIndex GetAttr SetAttr If Loop RaiseException Uninitialized unchecked_cast NumToTensor device dtype
     layout is_cuda is_cpu is_nested is_mkldnn is_quantized is_sparse is_meta requires_grad type shape min
     max abs isinstance data AutogradZero
-    """.split()
+    """
 )
 # Never allowed, even where a base name or an in-place spelling would match (named for the reader).
 REFUSED: frozenset[str] = frozenset(

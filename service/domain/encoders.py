@@ -17,8 +17,8 @@ import secrets
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session

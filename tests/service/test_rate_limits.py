@@ -62,7 +62,9 @@ def test_expensive_routes_have_a_lower_rate(limited_client: TestClient, auth: di
     assert limited_client.get("/v1/pools", headers=auth).status_code == 200
 
 
-def test_rate_limit_off_lets_everything_through(settings: Settings, db: sessionmaker[Session], auth: dict[str, str]) -> None:
+def test_rate_limit_off_lets_everything_through(
+    settings: Settings, db: sessionmaker[Session], auth: dict[str, str]
+) -> None:
     off = settings.model_copy(update={"rate_limit": "off", "rate_limit_expensive": "off"})
     with TestClient(create_app(off)) as c:
         for _ in range(30):

@@ -154,14 +154,18 @@ def test_labeling_tool_key_reads_and_labels_only(client: TestClient, auth: dict[
 
     assert client.get(f"/v1/pools/{pool['id']}", headers=tool).status_code == 200
     assert client.get(f"/v1/pools/{pool['id']}/items", headers=tool).json()["items"][0]["id"] == "a"
-    resp = client.put(f"/v1/pools/{pool['id']}/labels", json={"labels": [{"item_id": "a", "label": "cat"}]}, headers=tool)
+    resp = client.put(
+        f"/v1/pools/{pool['id']}/labels", json={"labels": [{"item_id": "a", "label": "cat"}]}, headers=tool
+    )
     assert resp.status_code == 200, resp.text
 
     resp = client.post(f"/v1/pools/{pool['id']}/batches", json={"size": 1, "strategy": "random"}, headers=tool)
     assert resp.status_code == 403
     assert resp.json()["error"]["details"] == {"required_scope": "select", "key_scopes": ["read", "label"]}
     resp = client.post(
-        f"/v1/pools/{pool['id']}/webhooks", json={"url": "http://127.0.0.1:9/hook", "events": ["batch.succeeded"]}, headers=tool
+        f"/v1/pools/{pool['id']}/webhooks",
+        json={"url": "http://127.0.0.1:9/hook", "events": ["batch.succeeded"]},
+        headers=tool,
     )
     assert resp.status_code == 403 and resp.json()["error"]["details"]["required_scope"] == "admin"
     resp = client.delete(f"/v1/pools/{pool['id']}", headers=tool)
@@ -174,7 +178,9 @@ def test_labeling_tool_key_reads_and_labels_only(client: TestClient, auth: dict[
 
 def test_select_key_cannot_upload_an_encoder(client: TestClient, db: sessionmaker[Session]) -> None:
     auth = key_with(db, (READ, LABEL, SELECT))
-    resp = client.post("/v1/encoders", files={"file": ("m.pt", b"PK\x03\x04 not checked", "application/zip")}, headers=auth)
+    resp = client.post(
+        "/v1/encoders", files={"file": ("m.pt", b"PK\x03\x04 not checked", "application/zip")}, headers=auth
+    )
     assert resp.status_code == 403
     assert resp.json()["error"]["details"]["required_scope"] == "admin"
     assert client.get("/v1/encoders", headers=auth).json() == {"encoders": []}
@@ -209,7 +215,9 @@ def test_cli_scope_option_narrows_the_key(
     assert "scopes read,label" in out[0]
     auth = {"Authorization": f"Bearer {out[-1]}"}
     assert client.get("/v1/pools", headers=auth).status_code == 200
-    resp = client.post("/v1/pools", json={"name": "p", "task": "regression", "n_outputs": 1, "embedding_dim": 2}, headers=auth)
+    resp = client.post(
+        "/v1/pools", json={"name": "p", "task": "regression", "n_outputs": 1, "embedding_dim": 2}, headers=auth
+    )
     assert resp.status_code == 403 and resp.json()["error"]["details"]["required_scope"] == "select"
 
 
@@ -280,7 +288,9 @@ def test_keys_made_before_scopes_keep_every_scope(scratch_url: str) -> None:
         )
     upgrade(scratch_url)
     with eng.connect() as conn:
-        assert conn.execute(text("SELECT scopes FROM api_keys WHERE id = 'k1'")).scalar_one() == "read label select admin"
+        assert (
+            conn.execute(text("SELECT scopes FROM api_keys WHERE id = 'k1'")).scalar_one() == "read label select admin"
+        )
     eng.dispose()
 
 

@@ -199,7 +199,10 @@ def test_allowlist_accepts_real_encoders() -> None:
 
 def upload(client: TestClient, auth: dict[str, str], data: bytes, config: str = '{"input": "array"}') -> Any:
     return client.post(
-        "/v1/encoders", files={"file": ("m.pt", data, "application/octet-stream")}, data={"config": config}, headers=auth
+        "/v1/encoders",
+        files={"file": ("m.pt", data, "application/octet-stream")},
+        data={"config": config},
+        headers=auth,
     )
 
 
@@ -240,7 +243,7 @@ def test_upload_of_zip_that_is_not_torchscript_is_invalid_file(client: TestClien
 
 
 def test_check_runs_out_of_time_cleanly() -> None:
-    with pytest.raises(EncoderRejected, match="within 0.01 s"):
+    with pytest.raises(EncoderRejected, match=r"within 0\.01 s"):
         check_torchscript(saved(Double()), timeout=0.01, memory_bytes=4 * 2**30)
 
 
@@ -344,7 +347,12 @@ def settings(settings: Settings, tmp_path: Path) -> Settings:
     root = tmp_path / "data"
     root.mkdir()
     return settings.model_copy(
-        update={"data_root": root, "encode_batch_size": 4, "encoder_timeout_seconds": 3.0, "encoder_memory_bytes": 2 * 2**30}
+        update={
+            "data_root": root,
+            "encode_batch_size": 4,
+            "encoder_timeout_seconds": 3.0,
+            "encoder_memory_bytes": 2 * 2**30,
+        }
     )
 
 
@@ -381,7 +389,12 @@ def latest(client: TestClient, auth: dict[str, str], pool: str) -> dict[str, Any
 
 @pytest.mark.parametrize(("module", "message"), [(Forever(), "time limit of 3 s"), (Hungry(), "allocate")])
 def test_runaway_encoder_fails_its_items_and_the_api_keeps_answering(
-    client: TestClient, auth: dict[str, str], settings: Settings, run_jobs: RunJobs, module: torch.nn.Module, message: str
+    client: TestClient,
+    auth: dict[str, str],
+    settings: Settings,
+    run_jobs: RunJobs,
+    module: torch.nn.Module,
+    message: str,
 ) -> None:
     pool = embed_with(client, auth, settings, module)
     done = threading.Event()
