@@ -109,14 +109,9 @@ class Settings(BaseSettings):
     @field_validator("rate_limit", "rate_limit_expensive")
     @classmethod
     def _check_rate(cls, v: str) -> str:
-        from limits import parse
+        from service.ratelimit import parse_rate
 
-        if v.strip().lower() in ("", "off", "none", "0"):
-            return v
-        try:
-            parse(v.strip())
-        except ValueError:
-            raise ValueError(f"{v!r} is not a rate like '600/minute', '10/second' or 'off'") from None
+        parse_rate(v)  # raises ValueError naming the text
         return v
 
     @field_validator("secret_key", mode="before")

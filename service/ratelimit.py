@@ -38,7 +38,7 @@ def parse_rate(text: str | None) -> RateLimitItem | None:
     try:
         return parse(text.strip())
     except ValueError as exc:
-        raise ValueError(f"{text!r} is not a rate like '600/minute' or '10/second': {exc}") from None
+        raise ValueError(f"{text!r} is not a rate like '600/minute', '10/second' or 'off': {exc}") from None
 
 
 class KeyRateLimiter:

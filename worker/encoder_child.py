@@ -10,8 +10,9 @@ Protocol (little-endian): the parent writes frames ``u64 length`` + ``.npy`` byt
 float32 input batch; length 0 ends the child); the child answers ``u8 status`` + ``u64 length`` +
 payload: status 0 with the ``N x d`` float32 output as ``.npy``, 1 with the message of an error of
 this input (the forward pass raised), 2 with the message of an error of the encoder itself (it
-cannot load, or returns something other than one row per input). After loading it sends one
-status-0 frame with an empty payload (ready) or a status-2 frame.
+cannot load, uses an operator outside the allowlist, or returns something other than one row per
+input). After loading (and checking the module's operators again, for modules stored before the
+upload check existed) it sends one status-0 frame with an empty payload (ready) or a status-2 frame.
 
 ``python -m worker.encoder_child MODEL_PATH DEVICE [--memory-bytes N]``
 """
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-bytes", type=int, default=None)
     args = p.parse_args(argv)
 
-    from worker.torchscript_check import limit_self
+    from worker.torchscript_check import check_module, limit_self
 
     limit_self(args.memory_bytes, None)
     # The protocol owns the original stdout; anything else written to fd 1 goes to stderr.
@@ -105,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         module.eval()
     except Exception as exc:
         reply(proto_out, ENCODER_ERROR, f"cannot load the TorchScript encoder: {type(exc).__name__}: {exc}".encode())
+        return 0
+    # Checked at upload already; checked again so that modules stored before the check existed never run.
+    refusal = check_module(module)
+    if refusal is not None:
+        reply(proto_out, ENCODER_ERROR, refusal.message.encode())
         return 0
     reply(proto_out, OK, b"")
     while True:

@@ -296,6 +296,17 @@ def test_child_holds_no_secret_no_database_and_runs_in_a_temp_folder(
     assert proc.workdir is None
 
 
+def test_child_refuses_to_run_a_module_stored_before_the_upload_check() -> None:
+    from worker.encoders import EncoderError
+
+    proc = EncoderProcess(saved(HidesInSubmodule()), "cpu", timeout=60, memory_bytes=3 * 2**30)
+    try:
+        with pytest.raises(EncoderError, match="aten::from_file"):
+            proc.run(np.ones((1, 4), np.float32))
+    finally:
+        proc.close()
+
+
 def test_check_child_gets_the_same_clean_environment(secrets_in_env: dict[str, str]) -> None:
     from service.sandbox import child_env
 
