@@ -18,6 +18,7 @@ from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.domain import keys as keys_domain
 from service.migrate import SchemaOutdated, schema_problem, upgrade
+from service.scopes import ALL_SCOPES, DEFAULT_CLI_SCOPES, parse_scopes
 
 
 class CommandError(RuntimeError):
@@ -103,8 +104,12 @@ def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     factory = make_sessionmaker(make_engine(settings))
     with session_scope(factory) as session:
         if args.keys_cmd == "create":
-            key, info = keys_domain.create_key(session, args.tenant, name=args.name)
-            print(f"created key {info.id} ({info.prefix}...) for tenant {info.tenant!r}; it is shown only once:")
+            scopes = parse_scopes(args.scope)
+            key, info = keys_domain.create_key(session, args.tenant, name=args.name, scopes=scopes)
+            print(
+                f"created key {info.id} ({info.prefix}...) for tenant {info.tenant!r} "
+                f"with scopes {','.join(info.scopes)}; it is shown only once:"
+            )
             print(key)
         elif args.keys_cmd == "list":
             rows = keys_domain.list_keys(session, args.tenant)
@@ -149,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     kc = ksub.add_parser("create", help="mint a key for a tenant (created if new); prints the key last")
     kc.add_argument("--tenant", required=True)
     kc.add_argument("--name", default=None)
+    kc.add_argument(
+        "--scope",
+        default=",".join(DEFAULT_CLI_SCOPES),
+        help=f"comma-separated scopes of {','.join(ALL_SCOPES)} (default: {','.join(DEFAULT_CLI_SCOPES)}; "
+        "admin uploads encoders and configures webhooks and integrations)",
+    )
     kl = ksub.add_parser("list", help="list keys (never the keys themselves)")
     kl.add_argument("--tenant", default=None)
     kr = ksub.add_parser("revoke", help="revoke a key by id or prefix")

@@ -93,6 +93,37 @@ class Settings(BaseSettings):
         default=100 * 2**20, ge=1024, description="largest TorchScript encoder upload (stored in the database)"
     )
 
+    # Key scopes and rate limits (issue 10).
+    rate_limit: str = Field(
+        default="600/minute",
+        description="requests per API key (moving window; `limits` syntax, e.g. 600/minute, 20/second; off: none)",
+    )
+    rate_limit_expensive: str = Field(
+        default="60/minute",
+        description="requests per API key to expensive routes (uploads, batch requests, /v1/select, predictions, "
+        "embed jobs, encoder uploads), counted on top of BAIT_RATE_LIMIT; off: none",
+    )
+    # Uploaded TorchScript encoders (issue 10): checked in a child process at upload, run in child processes.
+    encoder_timeout_seconds: float = Field(
+        default=300.0, gt=0, description="wall-clock limit of one encoder forward pass (its child process is killed)"
+    )
+    encoder_memory_bytes: int = Field(
+        default=8 * 2**30,
+        ge=256 * 2**20,
+        description="address-space limit (RLIMIT_AS) of the child process that runs an uploaded encoder on CPU",
+    )
+    encoder_check_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="time limit of the operator check of an uploaded TorchScript encoder"
+    )
+
+    @field_validator("rate_limit", "rate_limit_expensive")
+    @classmethod
+    def _check_rate(cls, v: str) -> str:
+        from service.ratelimit import parse_rate
+
+        parse_rate(v)  # raises ValueError naming the text
+        return v
+
     @field_validator("secret_key", "secret_key_file", mode="before")
     @classmethod
     def _empty_secret_is_unset(cls, v: object) -> object:

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.db import TRANSACTION_ATTEMPTS, is_retryable, retry_delay, session_scope
-from service.errors import Unauthorized
+from service.errors import InsufficientScope, Unauthorized
+from service.scopes import EXPENSIVE_ROUTES, endpoint_name, required_scope
 from service.security import hash_key
 from service.store.models import ApiKey, Tenant
 
@@ -66,24 +67,48 @@ class RetryOnConflict(APIRoute):
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
-def tenant_for_key(session: Session, key: str) -> Tenant | None:
+def key_and_tenant(session: Session, key: str) -> tuple[ApiKey, Tenant] | None:
     row = session.execute(
-        select(Tenant)
-        .join(ApiKey, ApiKey.tenant_id == Tenant.id)
+        select(ApiKey, Tenant)
+        .join(Tenant, ApiKey.tenant_id == Tenant.id)
         .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
-    ).scalar_one_or_none()
-    return row
+    ).one_or_none()
+    return None if row is None else (row[0], row[1])
+
+
+def tenant_for_key(session: Session, key: str) -> Tenant | None:
+    found = key_and_tenant(session, key)
+    return None if found is None else found[1]
 
 
 def get_tenant(
+    request: Request,
     session: SessionDep,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Tenant:
+    """The key's tenant, once the key is known, holds the scope the matched route needs
+    (:data:`service.scopes.ROUTE_SCOPES`) and is within its rate limits.
+
+    Raises:
+        Unauthorized: no key, or an unknown or revoked one (401).
+        InsufficientScope: the key lacks the route's scope (403 ``insufficient_scope``).
+        RateLimited: the key spent its rate (429 with ``Retry-After``).
+    """
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise Unauthorized("missing API key: send `Authorization: Bearer <key>` (create one with `bait keys create`)")
-    tenant = tenant_for_key(session, creds.credentials)
-    if tenant is None:
+    found = key_and_tenant(session, creds.credentials)
+    if found is None:
         raise Unauthorized("invalid or revoked API key")
+    key, tenant = found
+    route = request.scope.get("route")
+    endpoint = getattr(route, "endpoint", None)
+    needed = required_scope(endpoint)
+    held = tuple(key.scopes.split())
+    if needed not in held:
+        raise InsufficientScope(needed, held)
+    limiter = getattr(request.app.state, "rate_limiter", None)
+    if limiter is not None:
+        limiter.check(key.id, expensive=endpoint is not None and endpoint_name(endpoint) in EXPENSIVE_ROUTES)
     return tenant
 
 

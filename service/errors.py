@@ -26,6 +26,7 @@ class ServiceError(Exception):
 
     status_code = 400
     code = "bad_request"
+    headers: dict[str, str] | None = None  # extra response headers (e.g. Retry-After)
 
     def __init__(self, message: str, details: Any = None) -> None:
         super().__init__(message)
@@ -46,6 +47,32 @@ class ValidationFailed(ServiceError):
 class Unauthorized(ServiceError):
     status_code = 401
     code = "unauthorized"
+
+
+class InsufficientScope(ServiceError):
+    """The key is valid but lacks the scope the route needs (the resource is the key's own tenant's)."""
+
+    status_code = 403
+    code = "insufficient_scope"
+
+    def __init__(self, needed: str, held: tuple[str, ...]) -> None:
+        super().__init__(
+            f"this API key lacks the `{needed}` scope this request needs (it has: {', '.join(held) or 'none'}); "
+            f"ask the operator for a key with `bait keys create --scope ...,{needed}`",
+            {"required_scope": needed, "key_scopes": list(held)},
+        )
+
+
+class RateLimited(ServiceError):
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, limit: str, retry_after: int) -> None:
+        super().__init__(
+            f"rate limit of {limit} per API key exceeded; retry after {retry_after} s",
+            {"limit": limit, "retry_after": retry_after},
+        )
+        self.headers = {"Retry-After": str(retry_after)}
 
 
 class NotFound(ServiceError):
@@ -94,6 +121,10 @@ class InvalidFile(BadRequest):
     code = "invalid_file"  # unreadable .npz/Parquet, missing columns, ragged lists, wrong dtype
 
 
+class EncoderRejected(BadRequest):
+    code = "encoder_rejected"  # an uploaded TorchScript module uses an operator outside the allowlist
+
+
 class InvalidCursor(BadRequest):
     code = "invalid_cursor"
 
@@ -102,27 +133,33 @@ class TooManyItems(PayloadTooLarge):
     code = "too_many_items"  # more than settings.max_items_per_request in one JSON request
 
 
-def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = ErrorBody(error=ErrorInfo(code=code, message=message, details=details))
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(status_code=status, content=body.model_dump(), headers=headers)
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(status_code=status, content=body.model_dump(), headers=headers or None)
 
 
 # Declared in each route's `responses=` so the OpenAPI shows the error body.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "Invalid request"},
     401: {"model": ErrorBody, "description": "Missing or invalid API key"},
+    403: {"model": ErrorBody, "description": "The API key lacks the scope this route needs (`insufficient_scope`)"},
     404: {"model": ErrorBody, "description": "Not found (or belongs to another tenant)"},
     409: {"model": ErrorBody, "description": "Conflict with the current state"},
     413: {"model": ErrorBody, "description": "Body too large"},
     422: {"model": ErrorBody, "description": "Malformed payload"},
+    429: {"model": ErrorBody, "description": "Rate limit of the API key exceeded (see `Retry-After`)"},
 }
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_req: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(exc.status_code, exc.code, exc.message, exc.details)
+        return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:

@@ -21,6 +21,7 @@ from service.metrics import Metrics, MetricsMiddleware
 from service.middleware import UPLOAD_PATHS, BodySizeLimitMiddleware
 from service.migrate import check_schema
 from service.queue import make_queue
+from service.ratelimit import KeyRateLimiter
 
 
 def create_app(settings: Settings | None = None, *, check_migrations: bool = True) -> FastAPI:
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = factory
+    app.state.rate_limiter = KeyRateLimiter(settings.rate_limit, settings.rate_limit_expensive, settings.redis_url)
     install_error_handlers(app)
     for module in (health, pools, items, labels, batches, checkpoints, select_api, integrations, webhooks):
         app.include_router(module.router)

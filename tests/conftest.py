@@ -88,6 +88,9 @@ def settings(database_url: str, queue_name: str) -> Settings:
         print_bootstrap_key=False,
         device="cpu",
         secret_key="test-secret-key-0123456789",  # required with PostgreSQL (encrypts tokens and secrets)
+        # Tests drive one key hard (polling, fuzzing); tests/service/test_rate_limits.py sets its own rates.
+        rate_limit="off",
+        rate_limit_expensive="off",
     )
 
 

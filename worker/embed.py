@@ -33,6 +33,7 @@ from service.store.attempts import close_running
 from service.store.embedding import Reference
 from service.store.models import EncoderModel, Pool
 from worker import context
+from worker.encoder_process import EncoderInputError, EncoderLimitExceeded
 from worker.encoders import Encoder, EncoderError, InputSpec, TorchScriptEncoder, encoder_source, make_encoder
 from worker.jobs import Stopped, Tracker, start_job, utcnow
 from worker.references import (
@@ -125,6 +126,10 @@ def encode_chunk(encoder: Encoder, inputs: Sequence[Any], dim: int) -> tuple[lis
             continue
         except EncoderError:
             raise
+        except EncoderLimitExceeded as exc:  # item by item, each would hit the same limit again
+            for r in rows:
+                err[r] = str(exc)
+            continue
         except Exception:
             if len(rows) == 1:
                 pass
@@ -135,6 +140,10 @@ def encode_chunk(encoder: Encoder, inputs: Sequence[Any], dim: int) -> tuple[lis
                 put([r], encoder.encode([inputs[r]]))
             except EncoderError:
                 raise
+            except EncoderLimitExceeded as exc:
+                err[r] = str(exc)
+            except EncoderInputError as exc:
+                err[r] = f"the encoder failed on this input: {exc}"
             except Exception as exc:
                 err[r] = f"cannot encode: {type(exc).__name__}: {str(exc)[:500]}"
     return out, err
@@ -231,7 +240,35 @@ def _run(factory: sessionmaker[Session], pool_id: str, tracker: Tracker, setting
     tracker.stage("embed", 0, total)
     if not refs:
         return counts
-    encoder = make_encoder(config, dim=dim, device=settings.device, batch_size=settings.encode_batch_size, model=model)
+    encoder = make_encoder(
+        config,
+        dim=dim,
+        device=settings.device,
+        batch_size=settings.encode_batch_size,
+        model=model,
+        timeout=settings.encoder_timeout_seconds,
+        memory_bytes=settings.encoder_memory_bytes,
+    )
+    try:
+        return _encode_all(factory, pool_id, tracker, settings, config, dim, encoder, refs, counts)
+    finally:
+        close = getattr(encoder, "close", None)
+        if close is not None:
+            close()  # the TorchScript child process
+
+
+def _encode_all(
+    factory: sessionmaker[Session],
+    pool_id: str,
+    tracker: Tracker,
+    settings: Any,
+    config: dict[str, Any],
+    dim: int,
+    encoder: Encoder,
+    refs: list[Reference],
+    counts: dict[str, int],
+) -> dict[str, int]:
+    total = len(refs)
     limits = FetchLimits.from_settings(settings)
     size = int(settings.encode_batch_size)
     with (

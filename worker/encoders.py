@@ -17,7 +17,9 @@ Kinds (a pool's ``encoder`` config names one, see :mod:`service.domain.encoders`
     batched together).
 
 The device is the settings' (``auto``: CUDA when present); inputs are encoded ``encode_batch_size`` at a
-time under ``torch.inference_mode()``. Loaded models are cached per process (keyed by their sha256).
+time under ``torch.inference_mode()``. :func:`make_encoder` runs uploaded modules only in a sandboxed
+child process (:class:`SandboxedTorchScriptEncoder`, :mod:`worker.encoder_process`): no secrets, no
+database, a memory and a time limit; the batch tensor is built here and the module's output read back.
 """
 
 from __future__ import annotations
@@ -231,6 +233,27 @@ class TorchScriptEncoder:
         return np.ascontiguousarray(out.reshape(len(inputs), -1).to(torch.float32).cpu().numpy())
 
 
+@dataclass
+class SandboxedTorchScriptEncoder(TorchScriptEncoder):
+    """A :class:`TorchScriptEncoder` whose module runs in a child process (:class:`EncoderProcess`).
+
+    The input tensor is laid out here, on the CPU; the child moves it to ``child_device``. Call
+    :meth:`close` when done (the child also ends when this process does).
+    """
+
+    process: Any = None
+
+    def encode(self, inputs: Sequence[Any]) -> np.ndarray:
+        if not inputs:
+            return np.empty((0, 0), dtype=np.float32)
+        x = self.batch_tensor(inputs).numpy()
+        out: np.ndarray = self.process.run(x)
+        return out
+
+    def close(self) -> None:
+        self.process.close()
+
+
 def torchscript_source(model_id: str, sha256: str) -> str:
     return f"torchscript:{model_id}@{sha256[:16]}"
 
@@ -242,6 +265,8 @@ def make_encoder(
     device: str,
     batch_size: int,
     model: tuple[str, bytes, str, dict[str, Any]] | None = None,
+    timeout: float = 300.0,
+    memory_bytes: int | None = 8 * 2**30,
 ) -> Encoder:
     """The encoder a pool's ``encoder`` config names.
 
@@ -251,6 +276,8 @@ def make_encoder(
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         batch_size: inputs per forward pass (MiniLM batches internally too).
         model: for ``torchscript``: ``(model id, module bytes, sha256, input config)``.
+        timeout: for ``torchscript``: wall-clock seconds of one forward pass in the child process.
+        memory_bytes: for ``torchscript``: the child's address-space limit (CPU devices).
     """
     kind = config.get("kind")
     dev = resolve_device(device)
@@ -261,13 +288,15 @@ def make_encoder(
     if kind == "torchscript":
         if model is None:
             raise EncoderError("the pool's TorchScript encoder model is gone (deleted?)")
+        from worker.encoder_process import EncoderProcess
+
         model_id, data, sha256, input_config = model
-        module = load_torchscript(data, sha256, dev)
-        return TorchScriptEncoder(
-            module=module,
+        return SandboxedTorchScriptEncoder(
+            module=None,
             spec=InputSpec.from_config(input_config),
-            device=dev,
+            device="cpu",  # where the batch tensor is laid out; the child runs on `dev`
             source=torchscript_source(model_id, sha256),
+            process=EncoderProcess(data, dev, timeout=timeout, memory_bytes=memory_bytes),
         )
     raise EncoderError(f"unknown encoder kind {kind!r}")
 

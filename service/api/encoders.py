@@ -3,7 +3,9 @@
 ``POST`` takes multipart/form-data: the module as field `file` (what ``torch.jit.save`` writes), an
 optional `name`, and an optional `config` (JSON, :class:`TorchScriptInputConfig`: how the worker
 decodes inputs for it). The module is stored in the database, per tenant, up to
-``BAIT_MAX_ENCODER_BYTES``; the web process checks its size and zip magic only, the worker loads it.
+``BAIT_MAX_ENCODER_BYTES``, once a sandboxed child process has checked every operator of every
+method against the allowlist of tensor operators (400 ``encoder_rejected`` naming the operator
+otherwise). Needs a key with the ``admin`` scope.
 """
 
 from __future__ import annotations
@@ -105,7 +107,15 @@ async def upload_encoder(request: Request, session: SessionDep, tenant: TenantDe
     name = (name_field if isinstance(name_field, str) and name_field else upload.filename or "encoder")[:200]
     config = parse_config(form.get("config"))
     row = await run_in_threadpool(
-        domain.store_encoder, session, tenant.id, name=name, data=data, config=config, max_bytes=limit
+        domain.store_encoder,
+        session,
+        tenant.id,
+        name=name,
+        data=data,
+        config=config,
+        max_bytes=limit,
+        check_timeout=settings.encoder_check_timeout_seconds,
+        check_memory_bytes=settings.encoder_memory_bytes,
     )
     return encoder_out(row)
 

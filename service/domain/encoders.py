@@ -1,21 +1,30 @@
 """Encoders: uploaded TorchScript modules (per tenant, size-limited, stored in the database) and the
 check of a pool's ``encoder`` config.
 
-The web process never loads a module: an upload is checked for its size and for the zip archive
-magic bytes TorchScript files start with; the worker loads it (and reports a module it cannot load
-as the embed job's error).
+The web process never loads a module itself: an upload is checked for its size and zip magic, then
+by :mod:`worker.torchscript_check` run as a sandboxed child process (:mod:`service.sandbox`: no
+secrets in its environment, a temporary working folder, memory, CPU and wall-clock limits) which
+loads it and checks every operator of every method against an allowlist of tensor operators. Only
+a module that passes is stored.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import secrets
+import subprocess
+import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.errors import Conflict, InvalidFile, NotFound, PayloadTooLarge, ValidationFailed
+from service.errors import Conflict, EncoderRejected, InvalidFile, NotFound, PayloadTooLarge, ValidationFailed
+from service.sandbox import child_command, child_env
 from service.store import embedding as repo
 from service.store.models import EncoderModel, Pool
 
@@ -24,14 +33,77 @@ MINILM_DIM = 384
 ENCODER_KINDS = ("identity", "text-minilm", "torchscript")
 
 
+CHECK_MODULE = "worker.torchscript_check"
+
+
+def check_torchscript(data: bytes, *, timeout: float, memory_bytes: int) -> None:
+    """Load ``data`` in a sandboxed child process and check its operators against the allowlist.
+
+    Raises:
+        InvalidFile: the bytes are not a TorchScript module this torch can load.
+        EncoderRejected: an operator outside the allowlist (named, with the method it is in), or the
+            check ran out of time or memory.
+    """
+    nonce = secrets.token_hex(16)  # the module cannot know it: its own prints cannot pose as the verdict
+    cmd = child_command(
+        CHECK_MODULE, nonce, "--memory-bytes", str(memory_bytes), "--cpu-seconds", str(math.ceil(timeout))
+    )
+    with tempfile.TemporaryDirectory(prefix="bait-check-") as tmp:
+        out_path = Path(tmp) / "stdout"
+        with open(out_path, "wb") as out, open(Path(tmp) / "stderr", "wb") as err:
+            try:
+                proc = subprocess.run(
+                    cmd,
+                    input=data,
+                    stdout=out,
+                    stderr=err,
+                    cwd=tmp,
+                    env=child_env(tmp),
+                    timeout=timeout,
+                    close_fds=True,
+                    start_new_session=True,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise EncoderRejected(
+                    f"the encoder could not be checked within {timeout:g} s (does loading it loop?)",
+                    {"limit_seconds": timeout},
+                ) from None
+        lines = out_path.read_bytes()[-65536:].decode("utf-8", "replace").splitlines()
+    verdicts = [line[len(nonce) :] for line in lines if line.startswith(nonce)]
+    if proc.returncode != 0 or not verdicts:
+        raise EncoderRejected(
+            f"the encoder could not be checked: loading it ended the check process (exit status {proc.returncode}; "
+            f"memory limit {memory_bytes} bytes)",
+            {"exit_status": proc.returncode},
+        )
+    verdict = json.loads(verdicts[-1])
+    if verdict.get("ok") is True:
+        return
+    if verdict.get("unloadable"):
+        raise InvalidFile(f"not a TorchScript module torch can load: {str(verdict.get('message'))[:500]}")
+    raise EncoderRejected(
+        str(verdict.get("message")), {"operator": verdict.get("operator"), "where": verdict.get("where")}
+    )
+
+
 def store_encoder(
-    session: Session, tenant_id: str, *, name: str, data: bytes, config: dict[str, Any], max_bytes: int
+    session: Session,
+    tenant_id: str,
+    *,
+    name: str,
+    data: bytes,
+    config: dict[str, Any],
+    max_bytes: int,
+    check_timeout: float = 120.0,
+    check_memory_bytes: int = 8 * 2**30,
 ) -> EncoderModel:
-    """Store an uploaded TorchScript module with its input config.
+    """Check an uploaded TorchScript module (:func:`check_torchscript`) and store it with its input config.
 
     Raises:
         PayloadTooLarge: more than ``max_bytes``.
-        InvalidFile: empty, or not a zip archive (``torch.jit.save`` output).
+        InvalidFile: empty, not a zip archive (``torch.jit.save`` output), or not loadable.
+        EncoderRejected: an operator outside the allowlist; nothing is stored.
     """
     if len(data) > max_bytes:
         raise PayloadTooLarge(
@@ -39,6 +111,7 @@ def store_encoder(
         )
     if not data.startswith(ZIP_MAGIC):
         raise InvalidFile("not a TorchScript file: expected the zip archive torch.jit.save writes")
+    check_torchscript(data, timeout=check_timeout, memory_bytes=check_memory_bytes)
     model = EncoderModel(
         tenant_id=tenant_id,
         name=name,

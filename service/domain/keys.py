@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -9,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
+from service.scopes import ALL_SCOPES, format_scopes
 from service.security import generate_key, hash_key, key_prefix
 from service.store.models import ApiKey, Tenant
 
@@ -21,6 +23,7 @@ class KeyInfo:
     name: str | None
     created_at: datetime
     revoked_at: datetime | None
+    scopes: tuple[str, ...] = ALL_SCOPES
 
 
 def get_or_create_tenant(session: Session, name: str) -> Tenant:
@@ -32,13 +35,24 @@ def get_or_create_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
-def create_key(session: Session, tenant_name: str, name: str | None = None) -> tuple[str, KeyInfo]:
-    """Mint a key for ``tenant_name`` (created if new). Returns the plaintext key (shown once) and its info."""
+def create_key(
+    session: Session, tenant_name: str, name: str | None = None, scopes: Iterable[str] = ALL_SCOPES
+) -> tuple[str, KeyInfo]:
+    """Mint a key for ``tenant_name`` (created if new). Returns the plaintext key (shown once) and its info.
+
+    Args:
+        scopes: what the key may do (:mod:`service.scopes`); all of them unless narrowed. The CLI's
+            default is narrower (no ``admin``).
+
+    Raises:
+        ValueError: an empty tenant name, an unknown scope or no scope.
+    """
     if not tenant_name.strip():
         raise ValueError("tenant name must not be empty")
+    stored = format_scopes(scopes)
     tenant = get_or_create_tenant(session, tenant_name.strip())
     key = generate_key()
-    row = ApiKey(tenant_id=tenant.id, prefix=key_prefix(key), key_hash=hash_key(key), name=name)
+    row = ApiKey(tenant_id=tenant.id, prefix=key_prefix(key), key_hash=hash_key(key), name=name, scopes=stored)
     session.add(row)
     session.flush()
     return key, _info(row, tenant.name)
@@ -73,4 +87,4 @@ def count_active_keys(session: Session) -> int:
 
 
 def _info(row: ApiKey, tenant: str) -> KeyInfo:
-    return KeyInfo(row.id, tenant, row.prefix, row.name, row.created_at, row.revoked_at)
+    return KeyInfo(row.id, tenant, row.prefix, row.name, row.created_at, row.revoked_at, tuple(row.scopes.split()))

@@ -95,6 +95,8 @@ class ApiKey(Base):
     name: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Space-separated scopes (service.scopes): read label select admin. Keys older than scopes have all.
+    scopes: Mapped[str] = mapped_column(String(64), server_default="read label select admin")
 
 
 class Pool(Base):
