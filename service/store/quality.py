@@ -1,0 +1,141 @@
+"""Validation split and model quality: the SQL behind item splits, validation metrics, curves and maps."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from service.store.models import Batch, Checkpoint, CheckpointMap, Item
+
+SPLITS = ("train", "validation")
+_IN_CHUNK = 5000
+
+
+def set_split(session: Session, pool_id: str, item_ids: Sequence[int], split: str, now: datetime) -> int:
+    """Move items (internal ids) to ``split``. An item moved to validation gives up a live reservation
+    (it can no longer be part of a batch); its label and history stay. Returns the rows changed."""
+    changed = 0
+    ids = list(item_ids)
+    for begin in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[begin : begin + _IN_CHUNK]
+        if split == "validation":
+            session.execute(
+                update(Item)
+                .where(Item.pool_id == pool_id, Item.id.in_(chunk), Item.status == "reserved")
+                .values(status="unlabeled", reserved_until=None, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        result = session.execute(
+            update(Item)
+            .where(Item.pool_id == pool_id, Item.id.in_(chunk), Item.split != split)
+            .values(split=split, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        changed += int(result.rowcount)  # type: ignore[attr-defined]
+    return changed
+
+
+def splits_of(session: Session, item_ids: Sequence[int]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    ids = list(item_ids)
+    for begin in range(0, len(ids), _IN_CHUNK):
+        rows = session.execute(select(Item.id, Item.split).where(Item.id.in_(ids[begin : begin + _IN_CHUNK]))).all()
+        out.update({int(i): str(s) for i, s in rows})
+    return out
+
+
+def count_validation(session: Session, pool_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    """``{pool_id: {"validation", "validation_labeled"}}``: items in the validation split, and how many
+    of them carry a label (only those score the heads)."""
+    out = {pid: {"validation": 0, "validation_labeled": 0} for pid in pool_ids}
+    if not pool_ids:
+        return out
+    rows = session.execute(
+        select(Item.pool_id, Item.status == "labeled", func.count())
+        .where(Item.pool_id.in_(list(pool_ids)), Item.split == "validation")
+        .group_by(Item.pool_id, Item.status == "labeled")
+    ).all()
+    for pid, labeled, n in rows:
+        out[pid]["validation"] += int(n)
+        if labeled:
+            out[pid]["validation_labeled"] += int(n)
+    return out
+
+
+def validation_rows(session: Session, pool_id: str) -> Sequence[Any]:
+    """``(id, external_id, embedding bytes, label)`` of the pool's labeled validation items with an
+    embedding, ordered by id."""
+    return session.execute(
+        select(Item.id, Item.external_id, Item.embedding, Item.label)
+        .where(
+            Item.pool_id == pool_id,
+            Item.split == "validation",
+            Item.status == "labeled",
+            Item.embedding_status == "ready",
+            Item.embedding.is_not(None),
+        )
+        .order_by(Item.id)
+    ).all()
+
+
+def curve_rows(session: Session, pool_id: str) -> Sequence[Any]:
+    """Every checkpoint of the pool, oldest round first, without weights:
+    ``(id, round, n_labels, metrics, validation_metrics, batch_id, created_at, batch created_at)``."""
+    return session.execute(
+        select(
+            Checkpoint.id,
+            Checkpoint.round,
+            Checkpoint.n_labels,
+            Checkpoint.metrics,
+            Checkpoint.validation_metrics,
+            Checkpoint.batch_id,
+            Checkpoint.created_at,
+            Batch.created_at,
+        )
+        .outerjoin(Batch, Batch.id == Checkpoint.batch_id)
+        .where(Checkpoint.pool_id == pool_id)
+        .order_by(Checkpoint.round)
+    ).all()
+
+
+def batch_history(session: Session, pool_id: str) -> Sequence[Any]:
+    """``(id, strategy, size, status, created_at)`` of the pool's batches, oldest first."""
+    return session.execute(
+        select(Batch.id, Batch.strategy, Batch.size, Batch.status, Batch.created_at)
+        .where(Batch.pool_id == pool_id)
+        .order_by(Batch.created_at, Batch.id)
+    ).all()
+
+
+def put_map(session: Session, checkpoint_id: str, pool_id: str, payload: bytes, n_points: int, now: datetime) -> None:
+    """Store a checkpoint's 2-D map (``payload``: JSON bytes, stored zlib-compressed)."""
+    session.add(
+        CheckpointMap(
+            checkpoint_id=checkpoint_id,
+            pool_id=pool_id,
+            n_points=n_points,
+            data=zlib.compress(payload, 6),
+            created_at=now,
+        )
+    )
+
+
+def get_map(session: Session, pool_id: str, checkpoint_id: str | None) -> tuple[str, int, bytes] | None:
+    """``(checkpoint id, round, JSON bytes)`` of the map of ``checkpoint_id`` (the latest one with a map
+    when ``None``), or ``None``."""
+    stmt = (
+        select(CheckpointMap.checkpoint_id, Checkpoint.round, CheckpointMap.data)
+        .join(Checkpoint, Checkpoint.id == CheckpointMap.checkpoint_id)
+        .where(CheckpointMap.pool_id == pool_id)
+    )
+    if checkpoint_id is not None:
+        stmt = stmt.where(CheckpointMap.checkpoint_id == checkpoint_id)
+    row = session.execute(stmt.order_by(Checkpoint.round.desc()).limit(1)).first()
+    if row is None:
+        return None
+    return str(row[0]), int(row[1]), zlib.decompress(row[2])
