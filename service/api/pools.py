@@ -65,8 +65,8 @@ def get_pool(pool: str, session: SessionDep, tenant: TenantDep) -> PoolOut:
 @router.patch("/{pool}", response_model=PoolOut, responses=ERROR_RESPONSES)
 def patch_pool(pool: str, body: PoolPatch, request: Request, session: SessionDep, tenant: TenantDep) -> PoolOut:
     """Change the pool's `validation` hold-out or its `encoder`. Items given by reference (uri/text) are
-    embedded again with the new encoder by an embed job started after the change commits (until then they are pending and never
-    selected); items posted with embeddings are untouched."""
+    embedded again with the new encoder by an embed job started after the change commits (until then they
+    are pending and never selected); items posted with embeddings are untouched."""
     p = pools_domain.get_pool(session, tenant.id, pool)
     if "encoder" in body.model_fields_set:
         config = None if body.encoder is None else body.encoder.model_dump(exclude_none=True)
