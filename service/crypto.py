@@ -123,3 +123,9 @@ def key_file(settings: Settings) -> Path | None:
     if settings.secret_key is not None or db_path is None:
         return None
     return db_path.parent / KEY_FILE
+
+
+def derived_key(settings: Settings, purpose: str) -> bytes:
+    """A 32-byte key for one ``purpose`` (e.g. signing dashboard session cookies), derived from the
+    service secret with HMAC-SHA256, so one secret serves several uses without reusing a key."""
+    return hmac.new(_key_material(settings).encode(), purpose.encode(), hashlib.sha256).digest()

@@ -156,9 +156,11 @@ def pool_map(
         for i in np.flatnonzero(is_lab):
             labels[int(i)] = classes[int(data.y[pos[i]])]
     predicted: list[Any] = [None] * rows.shape[0]
-    if classes is not None and probs is not None:
-        top = _numpy(probs)[rows].argmax(axis=1) if rows.shape[0] else np.zeros(0, dtype=np.int64)
-        predicted = [classes[int(c)] for c in top]
+    confidence: list[Any] = [None] * rows.shape[0]
+    if classes is not None and probs is not None and rows.shape[0]:
+        P = _numpy(probs)[rows]  # r x k
+        predicted = [classes[int(c)] for c in P.argmax(axis=1)]
+        confidence = [round(float(v), 4) for v in P.max(axis=1)]
     ids = [data.external_ids[int(r)] for r in rows]
     status_list = list(status)
     if val is not None and n_val:
@@ -169,10 +171,13 @@ def pool_map(
         if classes is not None:
             labels += [classes[int(c)] for c in val.y[:n_val]]
             if out.probs is not None:
-                predicted += [classes[int(c)] for c in _numpy(out.probs).argmax(axis=1)]
+                Pv = _numpy(out.probs)
+                predicted += [classes[int(c)] for c in Pv.argmax(axis=1)]
+                confidence += [round(float(v), 4) for v in Pv.max(axis=1)]
         else:
             labels += [None] * n_val
             predicted += [None] * n_val
+            confidence += [None] * n_val
     fit = np.arange(rows.shape[0]) if rows.shape[0] >= 2 else None
     xy = pca_2d(F, fit) if F.shape[0] else np.zeros((0, 2), dtype=np.float32)
     payload = {
@@ -187,6 +192,7 @@ def pool_map(
             "status": status_list,
             "label": labels,
             "predicted": predicted,
+            "confidence": confidence,
         },
     }
     return json.dumps(payload, separators=(",", ":")).encode(), len(ids)

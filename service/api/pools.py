@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
-from service.api.schemas import EmbeddingCounts, PoolCounts, PoolCreate, PoolList, PoolOut, PoolPatch
+from service.api.schemas import (
+    EmbeddingCounts,
+    PoolCounts,
+    PoolCreate,
+    PoolList,
+    PoolOut,
+    PoolPatch,
+    ValidationCounts,
+)
 from service.deps import SessionDep, TenantDep
 from service.domain import embedding as embedding_domain
 from service.domain import pools as pools_domain
@@ -25,7 +33,10 @@ def pool_out(view: pools_domain.PoolView) -> PoolOut:
         head=p.head,
         encoder=p.encoder,
         validation=p.validation,
-        counts=PoolCounts(**{k: v for k, v in view.counts.items() if not k.startswith("embedding_")}),
+        counts=PoolCounts(**{k: view.counts[k] for k in ("items", "unlabeled", "reserved", "labeled")}),
+        validation_counts=ValidationCounts(
+            items=view.counts.get("validation", 0), labeled=view.counts.get("validation_labeled", 0)
+        ),
         embedding_counts=None
         if not p.encoder
         else EmbeddingCounts(**{k: view.counts.get(f"embedding_{k}", 0) for k in ("ready", "pending", "error")}),

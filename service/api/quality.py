@@ -82,7 +82,7 @@ def curve(
         **ERROR_RESPONSES,
         200: {
             "description": "`points` as columns: id, x, y, status (selected | labeled | reserved | unlabeled | "
-            "validation), label, predicted; `total` items in the pool, `n_points` drawn (at most 20,000)",
+            "validation), label, predicted, confidence; `total` items in the pool, `n_points` drawn (at most 20,000)",
             "content": {"application/json": {}},
         },
     },

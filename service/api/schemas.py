@@ -73,8 +73,11 @@ class PoolCounts(BaseModel):
     unlabeled: int
     reserved: int
     labeled: int
-    validation: int = Field(default=0, description="items in the validation split (never selected or trained on)")
-    validation_labeled: int = Field(default=0, description="labeled validation items: they score every head")
+
+
+class ValidationCounts(BaseModel):
+    items: int = Field(description="items in the validation split (never selected, reserved or trained on)")
+    labeled: int = Field(description="labeled validation items: they score every head")
 
 
 class ValidationConfigIn(_Strict):
@@ -126,7 +129,8 @@ class PoolOut(BaseModel):
     head: dict[str, object]
     encoder: dict[str, object] | None = None
     validation: dict[str, object] | None = Field(default=None, description="random hold-out of incoming labels")
-    counts: PoolCounts
+    counts: PoolCounts = Field(description="every item by status (validation items included)")
+    validation_counts: ValidationCounts
     embedding_counts: EmbeddingCounts | None = Field(
         default=None, description="items by embedding status (pools with an encoder)"
     )

@@ -10,7 +10,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service.store.models import Batch, Checkpoint, CheckpointMap, Item
+from service.store.items import effective_status
+from service.store.models import Batch, Checkpoint, CheckpointMap, Item, Label
 
 SPLITS = ("train", "validation")
 _IN_CHUNK = 5000
@@ -56,13 +57,13 @@ def count_validation(session: Session, pool_ids: Sequence[str]) -> dict[str, dic
     if not pool_ids:
         return out
     rows = session.execute(
-        select(Item.pool_id, Item.status == "labeled", func.count())
+        select(Item.pool_id, Item.status, func.count())
         .where(Item.pool_id.in_(list(pool_ids)), Item.split == "validation")
-        .group_by(Item.pool_id, Item.status == "labeled")
+        .group_by(Item.pool_id, Item.status)
     ).all()
-    for pid, labeled, n in rows:
+    for pid, status, n in rows:
         out[pid]["validation"] += int(n)
-        if labeled:
+        if status == "labeled":
             out[pid]["validation_labeled"] += int(n)
     return out
 
@@ -139,3 +140,59 @@ def get_map(session: Session, pool_id: str, checkpoint_id: str | None) -> tuple[
     if row is None:
         return None
     return str(row[0]), int(row[1]), zlib.decompress(row[2])
+
+
+# ------------------------------------------------------------------------------------------ dashboard
+
+
+def last_activity(session: Session, pool_ids: Sequence[str]) -> dict[str, datetime]:
+    """Latest batch request or label write per pool (pools without either are absent)."""
+    out: dict[str, datetime] = {}
+    if not pool_ids:
+        return out
+    ids = list(pool_ids)
+    for model in (Batch, Label):
+        rows = session.execute(
+            select(model.pool_id, func.max(model.created_at)).where(model.pool_id.in_(ids)).group_by(model.pool_id)
+        ).all()
+        for pid, at in rows:
+            if at is not None and (pid not in out or at > out[pid]):
+                out[pid] = at
+    return out
+
+
+def label_distribution(session: Session, pool_id: str) -> list[tuple[Any, int]]:
+    """``(label, count)`` of the labeled training items (classification: one label per class name)."""
+    rows = session.execute(
+        select(Item.label, func.count())
+        .where(Item.pool_id == pool_id, Item.status == "labeled", Item.split == "train")
+        .group_by(Item.label)
+    ).all()
+    return [(label, int(n)) for label, n in rows]
+
+
+def batch_items(
+    session: Session, pool_id: str, external_ids: Sequence[str], now: datetime
+) -> dict[str, dict[str, Any]]:
+    """Items of a batch by external id: effective status, label, split and content (inline text,
+    reference, and the item's ``data`` where the schema has it)."""
+    cols: list[Any] = [Item.external_id, effective_status(now), Item.label, Item.split, Item.text, Item.uri]
+    data_col = getattr(Item, "data", None)  # item content (added by another migration); optional here
+    if data_col is not None:
+        cols.append(data_col)
+    out: dict[str, dict[str, Any]] = {}
+    ids = list(external_ids)
+    for begin in range(0, len(ids), _IN_CHUNK):
+        for row in session.execute(
+            select(*cols).where(Item.pool_id == pool_id, Item.external_id.in_(ids[begin : begin + _IN_CHUNK]))
+        ).all():
+            ext, status, label, split, text, uri = row[:6]
+            out[str(ext)] = {
+                "status": status,
+                "label": label,
+                "split": split,
+                "text": text,
+                "uri": uri,
+                "data": row[6] if len(row) > 6 else None,
+            }
+    return out
