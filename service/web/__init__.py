@@ -21,6 +21,12 @@ from service.web.session import LoginRequired
 
 STATIC = Path(__file__).parent / "static"
 VENDOR = "/ui/static/vendor"
+# The docs pages carry FastAPI's inline bootstrap script; ReDoc runs its search in a blob: worker.
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' blob:; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; "
+    "frame-ancestors 'none'"
+)
 
 
 def install(app: FastAPI) -> None:
@@ -56,21 +62,30 @@ def install(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
-            title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{VENDOR}/swagger-ui/swagger-ui-bundle.js",
-            swagger_css_url=f"{VENDOR}/swagger-ui/swagger-ui.css",
-            swagger_favicon_url=f"{VENDOR}/swagger-ui/favicon-32x32.png",
-            swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from validator.swagger.io
+        return _csp(
+            get_swagger_ui_html(
+                openapi_url=app.openapi_url or "/openapi.json",
+                title=f"{app.title} - Swagger UI",
+                swagger_js_url=f"{VENDOR}/swagger-ui/swagger-ui-bundle.js",
+                swagger_css_url=f"{VENDOR}/swagger-ui/swagger-ui.css",
+                swagger_favicon_url=f"{VENDOR}/swagger-ui/favicon-32x32.png",
+                swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from validator.swagger.io
+            )
         )
 
     @app.get("/redoc", include_in_schema=False)
     def redoc() -> HTMLResponse:
-        return get_redoc_html(
-            openapi_url=app.openapi_url or "/openapi.json",
-            title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{VENDOR}/redoc/redoc.standalone.js",
-            redoc_favicon_url=f"{VENDOR}/swagger-ui/favicon-32x32.png",
-            with_google_fonts=False,
+        return _csp(
+            get_redoc_html(
+                openapi_url=app.openapi_url or "/openapi.json",
+                title=f"{app.title} - ReDoc",
+                redoc_js_url=f"{VENDOR}/redoc/redoc.standalone.js",
+                redoc_favicon_url=f"{VENDOR}/swagger-ui/favicon-32x32.png",
+                with_google_fonts=False,
+            )
         )
+
+
+def _csp(response: HTMLResponse) -> HTMLResponse:
+    response.headers["Content-Security-Policy"] = DOCS_CSP
+    return response

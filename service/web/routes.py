@@ -28,6 +28,11 @@ from service.web import session as web_session
 from service.web.session import WebUser
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+# Pages load scripts, styles and data from this service only (thumbnails are inline data: URIs).
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
@@ -51,9 +56,13 @@ def _check_post(request: Request, user: WebUser, token: str | None) -> None:
 
 
 def _page(request: Request, name: str, user: WebUser | None, status_code: int = 200, **context: Any) -> HTMLResponse:
-    return TEMPLATES.TemplateResponse(
+    response = TEMPLATES.TemplateResponse(
         request, name, {"user": user, "csrf": None if user is None else user.csrf, **context}, status_code=status_code
     )
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    return response
 
 
 def _back(url: str, message: str | None = None, error: str | None = None) -> RedirectResponse:

@@ -118,7 +118,8 @@
     const colour = document.getElementById("map-colour");
     if (colour) colour.addEventListener("change", drawMap);
     // The batches table is swapped in every 2 s; when a batch has finished with a new head, redraw the charts.
-    let checkpoints = null;
+    const initial = document.getElementById("batches-table");
+    let checkpoints = initial ? initial.dataset.checkpoints : null;
     document.body.addEventListener("htmx:afterSwap", function (ev) {
       if (!ev.detail || !ev.detail.target || ev.detail.target.id !== "batches") return;
       const table = document.getElementById("batches-table");
