@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Text, cast, func, select, update
 from sqlalchemy.orm import Session
 
 from service.store.items import effective_status
@@ -163,12 +164,13 @@ def last_activity(session: Session, pool_ids: Sequence[str]) -> dict[str, dateti
 
 def label_distribution(session: Session, pool_id: str) -> list[tuple[Any, int]]:
     """``(label, count)`` of the labeled training items (classification: one label per class name)."""
+    as_text = cast(Item.label, Text)  # JSON has no equality operator on PostgreSQL: group by its text
     rows = session.execute(
-        select(Item.label, func.count())
+        select(as_text, func.count())
         .where(Item.pool_id == pool_id, Item.status == "labeled", Item.split == "train")
-        .group_by(Item.label)
+        .group_by(as_text)
     ).all()
-    return [(label, int(n)) for label, n in rows]
+    return [(json.loads(label) if label is not None else None, int(n)) for label, n in rows]
 
 
 def batch_items(

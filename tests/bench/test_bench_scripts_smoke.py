@@ -68,3 +68,18 @@ def test_embedding_throughput_smoke_reports_every_encoder() -> None:
     for line in rows:
         rate = float(line.strip().strip("|").split("|")[3].replace(",", ""))
         assert math.isfinite(rate) and rate > 0, line
+
+
+def test_dashboard_speed_smoke_times_every_page() -> None:
+    args = [str(ROOT / "bench" / "dashboard_speed.py"), "--smoke"]
+    url = os.environ.get("BAIT_TEST_DATABASE_URL")
+    if url:
+        args += ["--database-url", url]
+    out = _run(args)
+    assert ("PostgreSQL" if url else "SQLite") in out
+    rows = _table(out)
+    for name in ("baseline: pools list page /ui", "pool page (HTML)", "batch page (100 items)"):
+        median_ms, worst_ms, size = rows[name]
+        assert 0 < float(median_ms) <= float(worst_ms) and int(size.replace(",", "")) > 0, (name, rows[name])
+    assert int(rows["  map.json (5,000 points)"][2].replace(",", "")) > 5_000 * 10  # every point was served
+    assert "pool page:" in out
