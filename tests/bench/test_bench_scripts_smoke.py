@@ -81,5 +81,5 @@ def test_dashboard_speed_smoke_times_every_page() -> None:
     for name in ("baseline: pools list page /ui", "pool page (HTML)", "batch page (100 items)"):
         median_ms, worst_ms, size = rows[name]
         assert 0 < float(median_ms) <= float(worst_ms) and int(size.replace(",", "")) > 0, (name, rows[name])
-    assert int(rows["  map.json (5,000 points)"][2].replace(",", "")) > 5_000 * 10  # every point was served
+    assert int(rows["map.json (5,000 points)"][2].replace(",", "")) > 5_000 * 10  # every point was served
     assert "pool page:" in out
