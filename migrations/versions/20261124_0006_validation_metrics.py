@@ -19,7 +19,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table('items', schema=None) as batch_op:
         batch_op.add_column(sa.Column('split', sa.String(length=16), server_default='train', nullable=False))
-        batch_op.create_index('ix_items_pool_split', ['pool_id', 'split'], unique=False)
+        batch_op.create_index('ix_items_pool_split', ['pool_id', 'split', 'status'], unique=False)
     with op.batch_alter_table('pools', schema=None) as batch_op:
         batch_op.add_column(sa.Column('validation', sa.JSON(), nullable=True))
     with op.batch_alter_table('checkpoints', schema=None) as batch_op:

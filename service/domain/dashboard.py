@@ -79,6 +79,13 @@ def pool_page(session: Session, tenant_id: str, pool_id: str, batch_limit: int =
     }
 
 
+def batches_table(session: Session, tenant_id: str, pool_id: str, batch_limit: int = 25) -> dict[str, Any]:
+    """Just the batches table (polled by the pool page every 2 s: no item counts, which scan the pool)."""
+    pool = pools_domain.get_pool(session, tenant_id, pool_id)
+    batches = batches_domain.list_batches(session, tenant_id, pool.id, status=None, limit=batch_limit, before=None)
+    return {"pool": pool, "batches": [batches_domain.batch_view(b) for b in batches]}
+
+
 def _content(item: dict[str, Any]) -> dict[str, Any]:
     """Text snippet and image thumbnail of an item: from its ``data`` (when the schema has it), else its
     inline text; images only as inline ``data:image/...`` URIs (a page never loads anything from

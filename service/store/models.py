@@ -121,7 +121,7 @@ class Item(Base):
         UniqueConstraint("pool_id", "external_id"),
         Index("ix_items_pool_status", "pool_id", "status"),
         Index("ix_items_batch", "batch_id"),
-        Index("ix_items_pool_split", "pool_id", "split"),
+        Index("ix_items_pool_split", "pool_id", "split", "status"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)

@@ -136,8 +136,7 @@ def pool_page(
 @router.get("/pools/{pool}/batches-fragment", response_class=HTMLResponse)
 def batches_fragment(request: Request, pool: str, session: SessionDep, user: UserDep) -> HTMLResponse:
     """The batches table alone: polled every 2 s by the pool page while a batch is queued or running."""
-    data = dashboard.pool_page(session, user.tenant.id, pool)
-    return _page(request, "_batches.html", user, **data)
+    return _page(request, "_batches.html", user, **dashboard.batches_table(session, user.tenant.id, pool))
 
 
 @router.get("/pools/{pool}/curve.json")
