@@ -45,9 +45,9 @@ if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
     pytest.skip("no Debian chromium + chromium-driver here (CI installs them)", allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
@@ -209,7 +209,7 @@ def test_dashboard_in_chromium(deployment: tuple[str, dict[str, str]], browser: 
     key = bait("keys", "create", "--tenant", "acme", env=env).strip().splitlines()[-1]
     other = bait("keys", "create", "--tenant", "globex", env=env).strip().splitlines()[-1]
     http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-    pool, ids, truth = _setup_pool(http)
+    pool, _ids, truth = _setup_pool(http)
     r = httpx.post(
         f"{base}/v1/pools",
         headers={"Authorization": f"Bearer {other}"},
@@ -260,8 +260,8 @@ def test_dashboard_in_chromium(deployment: tuple[str, dict[str, str]], browser: 
             30,
             f"item {position} was not labeled",
         )
-    labels = {i["id"]: i.get("label") for i in http.get(f"/v1/pools/{pool}/items", params={"status": "labeled",
-                                                                                          "limit": 1000}).json()["items"]}  # fmt: skip
+    page = http.get(f"/v1/pools/{pool}/items", params={"status": "labeled", "limit": 1000}).json()["items"]
+    labels = {i["id"]: i.get("label") for i in page}
     assert labels[chosen[0]] == truth[chosen[0]] and labels[chosen[1]] == truth[chosen[1]]
     export = driver.find_element(By.ID, "export-csv").get_attribute("href")
     assert httpx.get(export, cookies={"bait_session": cookie["value"]}).text.count("\n") == 11

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.domain import dashboard
 from service.store.models import ApiKey, Item
 from service.web import session as web_session
 from tests.service.conftest import item_rows, make_pool, put_items
@@ -174,3 +175,14 @@ def test_batch_page_shows_text_content_and_survives_items_without_data(
     assert page.count('class="inline label-form"') == 6
     assert "<b>a caption" not in page and "&lt;b&gt;a caption&lt;/b&gt;" in page and "…" in page  # escaped, cut
     assert page.count("no content stored") == 5
+
+
+def test_item_content_from_data_text_or_reference() -> None:
+    png = "data:image/png;base64,iVBORw0KGgo="
+    shown = dashboard._content({"data": {"image": png, "text": "a cat"}, "text": None, "uri": None})
+    assert shown == {"text": "a cat", "image": png, "uri": None}
+    # an image elsewhere is never loaded by the page: its reference is shown instead
+    far = dashboard._content({"data": {"image": "https://example.com/a.png"}, "uri": "file:///d/a.png"})
+    assert far == {"text": None, "image": None, "uri": "file:///d/a.png"}
+    assert dashboard._content({"text": "x" * 300})["text"] == "x" * 280 + "…"
+    assert dashboard._content({}) == {"text": None, "image": None, "uri": None}  # no data column at all
