@@ -256,3 +256,45 @@ def test_validation_metrics_rise_on_mnist_and_match_an_independent_computation(
     assert pts["status"].count("labeled") == 200  # the labels the last head was trained on
     first = client.get(f"/v1/pools/{pid}/map", params={"checkpoint_id": points[0]["checkpoint_id"]}, headers=auth)
     assert first.status_code == 200 and first.json()["round"] == 1
+
+
+def test_regression_heads_are_scored_with_rmse_mae_r2(
+    client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
+) -> None:
+    pool = make_pool(client, auth, task="regression", n_outputs=1, head={"kind": "linear", "max_epochs": 300})
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((80, 4)).astype(np.float32)
+    t = X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.1 * rng.standard_normal(80)
+    ids = [f"r{i}" for i in range(80)]
+    put_items(client, auth, pool["id"], ids, X)
+    r = client.patch(f"/v1/pools/{pool['id']}/items", json={"item_ids": ids[60:], "split": "validation"}, headers=auth)
+    assert r.json() == {"moved": 20}
+    labels = [{"item_id": i, "target": [float(t[k])]} for k, i in enumerate(ids) if k < 20 or k >= 60]
+    assert client.put(f"/v1/pools/{pool['id']}/labels", json={"labels": labels}, headers=auth).status_code == 200
+    created = post_batch(client, auth, pool["id"], size=5, strategy="bait").json()
+    run_jobs()
+    assert get_batch(client, auth, pool["id"], created["id"])["status"] == "succeeded"
+    curve = client.get(f"/v1/pools/{pool['id']}/curve", params={"metric": "r2"}, headers=auth).json()
+    assert curve["metrics"] == ["rmse", "mae", "r2"] and curve["metric"] == "r2"
+    point = curve["points"][0]
+    assert point["n_labels"] == 20 and point["n_validation"] == 20
+    assert point["value"] == point["validation"]["r2"] > 0  # better than predicting the mean
+    r = _while_jobs_run(
+        run_jobs,
+        lambda: client.post(f"/v1/pools/{pool['id']}/predictions", json={"item_ids": ids[60:]}, headers=auth),
+    )
+    pred = np.asarray([p["target"][0] for p in r.json()["predictions"]])
+    err = pred - t[60:]
+    assert point["validation"]["rmse"] == pytest.approx(np.sqrt(np.mean(err**2)), rel=1e-5)
+    assert point["validation"]["mae"] == pytest.approx(np.mean(np.abs(err)), rel=1e-5)
+    r2 = 1 - np.sum(err**2) / np.sum((t[60:] - t[60:].mean()) ** 2)
+    assert point["validation"]["r2"] == pytest.approx(r2, rel=1e-4)
+    assert_error(
+        client.get(f"/v1/pools/{pool['id']}/curve", params={"metric": "accuracy"}, headers=auth),
+        422,
+        "validation_error",
+        "metric must be one of",
+    )
+    m = client.get(f"/v1/pools/{pool['id']}/map", headers=auth).json()
+    assert m["classes"] is None and m["n_points"] == 80
+    assert m["points"]["status"].count("selected") == 5 and set(m["points"]["predicted"]) == {None}
