@@ -52,6 +52,7 @@ class Quality:
     validation: dict[str, Any] | None
     map_json: bytes | None = None
     map_points: int = 0
+    val: ValidationSet | None = None  # the items scored, drawn into the map too
 
 
 def _numpy(t: Any) -> np.ndarray:
@@ -201,9 +202,7 @@ def pool_map(
 def assess(factory: sessionmaker[Session], pool_id: str, trained: TrainedHead, classes: list[str] | None) -> Quality:
     """Score ``trained`` on the pool's labeled validation items (``validation`` is None without any)."""
     val = load_validation(factory, pool_id)
-    q = Quality(None if val is None else score(trained, val, classes))
-    q._val = val  # type: ignore[attr-defined]  # kept for the map's validation points
-    return q
+    return Quality(None if val is None else score(trained, val, classes), val=val)
 
 
 def draw_map(
@@ -218,8 +217,7 @@ def draw_map(
 ) -> None:
     """Fill ``q.map_json`` (a failure is logged, never fails the batch: the map is a picture)."""
     try:
-        val: ValidationSet | None = getattr(q, "_val", None)
-        q.map_json, q.map_points = pool_map(trained, features, probs, data, np.asarray(chosen), classes, val, seed)
+        q.map_json, q.map_points = pool_map(trained, features, probs, data, np.asarray(chosen), classes, q.val, seed)
     except Exception:
         log.exception("the 2-D map could not be computed; the checkpoint is stored without it")
         q.map_json, q.map_points = None, 0
