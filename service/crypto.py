@@ -144,3 +144,9 @@ def key_file(settings: Settings) -> Path | None:
         return settings.secret_key_file
     db_path = settings.sqlite_path()
     return None if db_path is None else db_path.parent / KEY_FILE
+
+
+def derived_key(settings: Settings, purpose: str) -> bytes:
+    """A 32-byte key for one ``purpose`` (e.g. signing dashboard session cookies), derived from the
+    service secret with HMAC-SHA256, so one secret serves several uses without reusing a key."""
+    return hmac.new(_key_material(settings).encode(), purpose.encode(), hashlib.sha256).digest()

@@ -7,9 +7,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service import web
 from service.api import batches, checkpoints, health, integrations, items, labels, labelstudio_backend, pools, webhooks
 from service.api import embed_jobs as embed_jobs_api
 from service.api import encoders as encoders_api
+from service.api import quality as quality_api
 from service.api import select as select_api
 from service.config import Settings, get_settings
 from service.crypto import check_secret_key
@@ -55,6 +57,8 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
         version="0.1.0",
         description="Which items to label next: BAIT batch active learning as a service.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc are served by service.web with vendored assets (offline)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -66,6 +70,8 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     app.include_router(labelstudio_backend.router)
     app.include_router(encoders_api.router)
     app.include_router(embed_jobs_api.router)
+    app.include_router(quality_api.router)
+    web.install(app)
     # Outermost last: metrics see every response, including the body limit's 413s.
     app.add_middleware(
         BodySizeLimitMiddleware,

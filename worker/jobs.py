@@ -39,9 +39,10 @@ from selection.heads import HeadConfig, TrainedHead, load_checkpoint, save_check
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.store import batches as store
+from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt
 from service.store.models import Batch, Checkpoint, Pool
-from worker import context
+from worker import context, quality
 from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
 
 log = logging.getLogger(__name__)
@@ -281,11 +282,13 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
             raise Stopped(spec.batch_id)
         config = head_config(pool)
         task = pool.task
+        classes = list(pool.classes or []) if task == "classification" else None
         data = load_pool(s, pool, utcnow(), progress=tracker.callback)
     tracker.write(data.n, data.n)
     timings["load"] = time.perf_counter() - t0
 
     trained: TrainedHead | None = None
+    assessed: quality.Quality | None = None
     features: Any = data.X
     probs: Any = None
     if selection.STRATEGIES[spec.strategy].inputs:
@@ -305,6 +308,11 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         probs = out.probs if task == "classification" else None
         tracker.write(data.n, data.n)
         timings["embed"] = time.perf_counter() - t
+
+        # validate: scores on the labeled validation items, stored with the checkpoint
+        t = time.perf_counter()
+        assessed = quality.assess(factory, spec.pool_id, trained, classes)
+        timings["validate"] = time.perf_counter() - t
     # else: the strategy reads no model output (random): no head is trained, no checkpoint stored.
 
     # Select and reserve under the pool's selection lock, in one transaction: read the design as it is
@@ -339,9 +347,15 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
                     **params,
                 )
                 timings["select"] += time.perf_counter() - t
+                if assessed is not None and trained is not None:
+                    t = time.perf_counter()
+                    quality.draw_map(assessed, trained, features, probs, data, result.indices, classes, spec.seed)
+                    timings["map"] = time.perf_counter() - t
                 t = time.perf_counter()
                 tracker.stage("store", 0, spec.size)
-                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), int(reserved.shape[0]))
+                _store_batch(
+                    s, spec, data, trained, result, timings, run, ttl_s, (t0, t), int(reserved.shape[0]), assessed
+                )
             return
         except ReservationConflict:
             # Only where the lock cannot reach: SQLite shared by several worker processes.
@@ -391,6 +405,7 @@ def _store_batch(
     ttl_s: int,
     started: tuple[float, float],
     n_reserved: int,
+    assessed: quality.Quality | None = None,
 ) -> None:
     """Reserve the chosen items and write checkpoint + result in ``s``'s transaction (all or nothing)."""
     rows = np.asarray(result.indices, dtype=np.int64)
@@ -412,11 +427,14 @@ def _store_batch(
             n_labels=int(data.labeled.shape[0]),
             config=trained.config.to_dict(),
             metrics=dict(trained.metrics),
+            validation_metrics=None if assessed is None else _jsonable(assessed.validation),
             weights=weights,
             created_at=now,
         )
         s.add(checkpoint)
         s.flush()
+        if assessed is not None and assessed.map_json is not None:
+            quality_store.put_map(s, checkpoint.id, spec.pool_id, assessed.map_json, assessed.map_points, now)
     end = time.perf_counter()
     timings["store"] += end - started[1]  # without the commit itself
     timings["total"] = end - started[0]

@@ -15,6 +15,7 @@ from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import embedding as embedding_domain
 from service.domain import ingest
 from service.domain import items as items_domain
+from service.domain import quality as quality_domain
 from service.domain.pools import get_pool
 from service.errors import ERROR_RESPONSES, ErrorBody, InvalidFile
 from service.store.embedding import EmbeddingInfo
@@ -52,8 +53,11 @@ _BULK_BODY_DOC = {
 }
 
 
-def item_out(pool: Pool, row: ItemRow, include_embedding: bool, info: EmbeddingInfo | None = None) -> ItemOut:
+def item_out(
+    pool: Pool, row: ItemRow, include_embedding: bool, info: EmbeddingInfo | None = None, split: str = "train"
+) -> ItemOut:
     fields: dict[str, Any] = {
+        "split": split,
         "id": row.external_id,
         "status": row.status,
         "batch_id": row.batch_id,
@@ -114,6 +118,10 @@ def upsert_items(
             settings.max_items_per_request,
         )
         created, updated = created + c, updated + u
+    for split in ("train", "validation"):
+        chosen = [it.id for it in body.items if it.split == split]
+        if chosen:
+            quality_domain.move_items(session, p, chosen, split)
     return UpsertResult(created=created, updated=updated, embed_job_id=job_id)
 
 
@@ -139,6 +147,10 @@ async def bulk_upload(
     embedding_column: Annotated[
         str | None,
         Query(max_length=200, description="embeddings array/column (`embeddings` in .npz, `embedding` in Parquet)"),
+    ] = None,
+    split: Annotated[
+        Literal["train", "validation"] | None,
+        Query(description="put every item of the file in this split (omitted: new items train, others unchanged)"),
     ] = None,
 ) -> UpsertResult:
     """Upsert many items from one file (same semantics as the JSON upsert). The key and the pool are
@@ -172,6 +184,7 @@ async def bulk_upload(
             id_column=id_column,
             embedding_column=embedding_column,
             max_array_bytes=settings.max_upload_bytes,
+            split=split,
         )
     finally:
         fileobj.close()
@@ -207,8 +220,12 @@ def list_items(
         embedding_status=embedding_status,
     )
     info = items_domain.embedding_info(session, rows)
+    splits = quality_domain.splits(session, [r.internal_id for r in rows])
     return ItemPage(
-        items=[item_out(p, r, include_embedding, info.get(r.internal_id)) for r in rows], next_cursor=next_cursor
+        items=[
+            item_out(p, r, include_embedding, info.get(r.internal_id), splits.get(r.internal_id, "train")) for r in rows
+        ],
+        next_cursor=next_cursor,
     )
 
 
@@ -221,4 +238,5 @@ def get_item(
     p = get_pool(session, tenant.id, pool)
     row = items_domain.get_item(session, p, item_id)
     info = items_domain.embedding_info(session, [row])
-    return item_out(p, row, include_embedding, info.get(row.internal_id))
+    split = quality_domain.splits(session, [row.internal_id]).get(row.internal_id, "train")
+    return item_out(p, row, include_embedding, info.get(row.internal_id), split)

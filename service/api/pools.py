@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
-from service.api.schemas import EmbeddingCounts, PoolCounts, PoolCreate, PoolList, PoolOut, PoolPatch
+from service.api.schemas import (
+    EmbeddingCounts,
+    PoolCounts,
+    PoolCreate,
+    PoolList,
+    PoolOut,
+    PoolPatch,
+    ValidationCounts,
+)
 from service.deps import SessionDep, TenantDep
 from service.domain import embedding as embedding_domain
 from service.domain import pools as pools_domain
@@ -24,7 +32,11 @@ def pool_out(view: pools_domain.PoolView) -> PoolOut:
         embedding_dim=p.embedding_dim,
         head=p.head,
         encoder=p.encoder,
-        counts=PoolCounts(**{k: v for k, v in view.counts.items() if not k.startswith("embedding_")}),
+        validation=p.validation,
+        counts=PoolCounts(**{k: view.counts[k] for k in ("items", "unlabeled", "reserved", "labeled")}),
+        validation_counts=ValidationCounts(
+            items=view.counts.get("validation", 0), labeled=view.counts.get("validation_labeled", 0)
+        ),
         embedding_counts=None
         if not p.encoder
         else EmbeddingCounts(**{k: view.counts.get(f"embedding_{k}", 0) for k in ("ready", "pending", "error")}),
@@ -45,6 +57,7 @@ def create_pool(body: PoolCreate, session: SessionDep, tenant: TenantDep) -> Poo
         embedding_dim=body.embedding_dim,
         head=body.head.model_dump(exclude_none=True),
         encoder=None if body.encoder is None else body.encoder.model_dump(exclude_none=True),
+        validation=None if body.validation is None else body.validation.model_dump(),
     )
     return pool_out(view)
 
@@ -62,13 +75,15 @@ def get_pool(pool: str, session: SessionDep, tenant: TenantDep) -> PoolOut:
 
 @router.patch("/{pool}", response_model=PoolOut, responses=ERROR_RESPONSES)
 def patch_pool(pool: str, body: PoolPatch, request: Request, session: SessionDep, tenant: TenantDep) -> PoolOut:
-    """Change the pool's `encoder`. Items given by reference (uri/text) are embedded again with the new
-    encoder by an embed job started after the change commits (until then they are pending and never
-    selected); items posted with embeddings are untouched."""
+    """Change the pool's `validation` hold-out or its `encoder`. Items given by reference (uri/text) are
+    embedded again with the new encoder by an embed job started after the change commits (until then they
+    are pending and never selected); items posted with embeddings are untouched."""
     p = pools_domain.get_pool(session, tenant.id, pool)
     if "encoder" in body.model_fields_set:
         config = None if body.encoder is None else body.encoder.model_dump(exclude_none=True)
         embedding_domain.set_encoder(session, request.app.state.queue, tenant.id, p, config)
+    if "validation" in body.model_fields_set:
+        p.validation = None if body.validation is None else body.validation.model_dump()
     session.flush()
     return pool_out(pools_domain.view_pool(session, tenant.id, pool))
 

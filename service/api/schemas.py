@@ -46,6 +46,9 @@ class PoolCreate(_Strict):
     embedding_dim: int = Field(ge=1, le=65536)
     head: HeadConfigIn = Field(default_factory=HeadConfigIn)
     encoder: EncoderConfigIn | None = Field(default=None, description="for items given by uri/text")
+    validation: ValidationConfigIn | None = Field(
+        default=None, description="hold out a random fraction of incoming labels as validation items"
+    )
 
     @model_validator(mode="after")
     def _task_fields(self) -> PoolCreate:
@@ -72,6 +75,19 @@ class PoolCounts(BaseModel):
     labeled: int
 
 
+class ValidationCounts(BaseModel):
+    items: int = Field(description="items in the validation split (never selected, reserved or trained on)")
+    labeled: int = Field(description="labeled validation items: they score every head")
+
+
+class ValidationConfigIn(_Strict):
+    """Hold out a fraction of incoming labels at random: an item's first label sends it to the validation
+    split with probability `fraction` (a reproducible draw from `seed` and the item id)."""
+
+    fraction: float = Field(gt=0, lt=1, description="share of newly labeled items held out, e.g. 0.1")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
 class EmbeddingCounts(BaseModel):
     ready: int = Field(description="items with an embedding (only these are selected)")
     pending: int = Field(description="items given by reference, not encoded yet")
@@ -96,7 +112,10 @@ class EncoderConfigIn(_Strict):
 
 class PoolPatch(_Strict):
     encoder: EncoderConfigIn | None = Field(
-        description="the new encoder (null: none); items given by reference are embedded again"
+        default=None, description="the new encoder (null: none); items given by reference are embedded again"
+    )
+    validation: ValidationConfigIn | None = Field(
+        default=None, description="the random hold-out of incoming labels (null: none); moves no item already labeled"
     )
 
 
@@ -109,7 +128,9 @@ class PoolOut(BaseModel):
     embedding_dim: int
     head: dict[str, object]
     encoder: dict[str, object] | None = None
-    counts: PoolCounts
+    validation: dict[str, object] | None = Field(default=None, description="random hold-out of incoming labels")
+    counts: PoolCounts = Field(description="every item by status (validation items included)")
+    validation_counts: ValidationCounts
     embedding_counts: EmbeddingCounts | None = Field(
         default=None, description="items by embedding status (pools with an encoder)"
     )
@@ -133,6 +154,11 @@ class ItemIn(_Strict):
     )
     text: Annotated[str, StringConstraints(min_length=1, max_length=100_000)] | None = Field(
         default=None, description="inline text (text encoders)"
+    )
+    split: Literal["train", "validation"] | None = Field(
+        default=None,
+        description="validation: held out (never selected or trained on; scores each head). "
+        "Omitted: new items are train, existing ones keep their split",
     )
 
     @model_validator(mode="after")
@@ -162,6 +188,7 @@ class ItemOut(BaseModel):
     batch_id: str | None = Field(default=None, description="last batch that selected the item")
     reserved_until: datetime | None = None
     labeled_at: datetime | None = None
+    split: Literal["train", "validation"] = Field(default="train", description="validation items are held out")
     embedding: list[float] | None = Field(default=None, description="only with include_embedding=true")
     uri: str | None = Field(default=None, description="the item's data reference (items given by uri)")
     embedding_status: Literal["ready", "pending", "error"] = Field(

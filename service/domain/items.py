@@ -19,6 +19,7 @@ from service.domain import ingest
 from service.errors import DuplicateId, InvalidCursor, InvalidEmbedding, NotFound, TooManyItems, ValidationFailed
 from service.store import embedding as embedding_repo
 from service.store import items as items_repo
+from service.store import quality as quality_repo
 from service.store.embedding import EmbeddingInfo
 from service.store.items import ItemRow
 from service.store.models import Pool
@@ -105,15 +106,23 @@ def upsert_file(
     id_column: str | None,
     embedding_column: str | None,
     max_array_bytes: int,
+    split: str | None = None,
 ) -> tuple[int, int]:
-    """Upsert the items of an .npz or Parquet file; returns ``(created, updated)``."""
+    """Upsert the items of an .npz or Parquet file; returns ``(created, updated)``. With ``split``, every
+    item of the file is put in that split (``train`` | ``validation``)."""
     ids, emb = ingest.parse(fmt, fileobj, id_column, embedding_column, max_array_bytes)
     if not ids:
         raise ingest.InvalidFile("the file holds no items")
     check_ids(ids)
     with np.errstate(over="ignore"):
         emb32 = check_embeddings(pool, ids, emb)
-    return items_repo.upsert_embeddings(session, pool.id, ids, emb32, datetime.now(UTC))
+    now = datetime.now(UTC)
+    counts = items_repo.upsert_embeddings(session, pool.id, ids, emb32, now)
+    if split is not None:
+        quality_repo.set_split(
+            session, pool.id, list(items_repo.internal_ids(session, pool.id, ids).values()), split, now
+        )
+    return counts
 
 
 # ------------------------------------------------------------------------------------------- listing

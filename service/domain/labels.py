@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.domain import quality
 from service.domain.items import check_ids, get_item
 from service.errors import InvalidLabel, NotFound, TooManyItems, UnknownItem
 from service.store import items as items_repo
@@ -86,6 +87,7 @@ def put_labels(session: Session, pool: Pool, writes: list[LabelWrite], *, annota
             f"{len(missing)} item id(s) not in pool {pool.name!r}, e.g. {missing[0]!r}; upload the items first",
             {"missing": missing[:_SHOWN]},
         )
+    quality.hold_out_incoming(session, pool, found)  # the pool's random validation hold-out, if any
     now = datetime.now(UTC)
     items_repo.set_labels(session, [(found[e], v) for e, v in zip(ext_ids, values, strict=True)], now)
     labels_repo.append_history(

@@ -14,7 +14,10 @@ from service.errors import Conflict, NotFound
 from service.store import embedding as embedding_repo
 from service.store import items as items_repo
 from service.store import pools as pools_repo
+from service.store import quality as store_quality
 from service.store.models import Pool
+
+_NO_VALIDATION = {"validation": 0, "validation_labeled": 0}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ def create_pool(
     embedding_dim: int,
     head: dict[str, Any],
     encoder: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
 ) -> PoolView:
     """Create a pool; its name is unique per tenant (Conflict otherwise).
 
@@ -61,6 +65,7 @@ def create_pool(
         embedding_dim=embedding_dim,
         head=head,
         encoder=encoder,
+        validation=validation,
         created_at=now,
         updated_at=now,
     )
@@ -69,7 +74,7 @@ def create_pool(
             pools_repo.add_pool(session, pool)
     except IntegrityError as exc:
         raise Conflict(f"a pool named {name!r} already exists", {"name": name}) from exc
-    return PoolView(pool, {"items": 0, "unlabeled": 0, "reserved": 0, "labeled": 0})
+    return PoolView(pool, {"items": 0, "unlabeled": 0, "reserved": 0, "labeled": 0, **_NO_VALIDATION})
 
 
 def _counts(session: Session, pool_ids: list[str]) -> dict[str, dict[str, int]]:
@@ -77,6 +82,8 @@ def _counts(session: Session, pool_ids: list[str]) -> dict[str, dict[str, int]]:
     counts = items_repo.count_by_status(session, pool_ids, datetime.now(UTC))
     for pid, by_embedding in embedding_repo.count_embedding_status(session, pool_ids).items():
         counts[pid].update({f"embedding_{k}": v for k, v in by_embedding.items()})  # split off by the api
+    for pid, by_split in store_quality.count_validation(session, pool_ids).items():
+        counts[pid].update(by_split)
     return counts
 
 

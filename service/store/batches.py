@@ -29,9 +29,10 @@ ACTIVE_BATCH = ("queued", "running")
 
 def available_clause(now: datetime) -> ColumnElement[bool]:
     """Items that may be picked: unlabeled, or reserved by a reservation that has expired; and with an
-    embedding (items given by reference that are pending or in error are never picked)."""
+    embedding (items given by reference that are pending or in error are never picked); never validation items."""
     return and_(
         Item.embedding_status == "ready",
+        Item.split == "train",
         or_(Item.status == "unlabeled", and_(Item.status == "reserved", Item.reserved_until < now)),
     )
 
@@ -76,7 +77,8 @@ def try_lock_selection(session: Session, pool_id: str) -> bool:
 
 def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterator[Sequence[Any]]:
     """Every item of the pool with an embedding (``embedding_status = 'ready'``: items given by reference
-    that are pending or in error are left out; a ready item without one is reported by the loader)
+    that are pending or in error are left out; a ready item without one is reported by the loader; validation
+    items are left out: they are never selected, reserved or trained on)
     ordered by id, in chunks of rows
     ``(id, external_id, embedding bytes, status, reserved_until, label)``.
 
@@ -91,7 +93,7 @@ def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterato
         try:
             cursor.execute(
                 "SELECT id, external_id, embedding, status, reserved_until, label FROM items "
-                "WHERE pool_id = %s AND embedding_status = 'ready' ORDER BY id",
+                "WHERE pool_id = %s AND embedding_status = 'ready' AND split = 'train' ORDER BY id",
                 (pool_id,),
             )
             while rows := cursor.fetchmany(chunk):
@@ -101,7 +103,7 @@ def iter_pool_rows(session: Session, pool_id: str, chunk: int = 8192) -> Iterato
         return
     stmt = (
         select(Item.id, Item.external_id, Item.embedding, Item.status, Item.reserved_until, Item.label)
-        .where(Item.pool_id == pool_id, Item.embedding_status == "ready")
+        .where(Item.pool_id == pool_id, Item.embedding_status == "ready", Item.split == "train")
         .order_by(Item.id)
         .execution_options(stream_results=True, yield_per=chunk)
     )

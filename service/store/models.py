@@ -112,6 +112,7 @@ class Pool(Base):
     embedding_dim: Mapped[int] = mapped_column(Integer)
     head: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"kind": "linear"|"mlp", ...}
     encoder: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # data references (later)
+    validation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {"fraction", "seed"}: incoming labels held out
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
@@ -122,6 +123,7 @@ class Item(Base):
         UniqueConstraint("pool_id", "external_id"),
         Index("ix_items_pool_status", "pool_id", "status"),
         Index("ix_items_batch", "batch_id"),
+        Index("ix_items_pool_split", "pool_id", "split", "status"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
@@ -137,6 +139,8 @@ class Item(Base):
     embedding_status: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
     embedding_error: Mapped[str | None] = mapped_column(Text)
     embedding_source: Mapped[str | None] = mapped_column(String(200))  # encoder name@version that produced it
+    # train | validation: validation items are never selected, reserved or trained on; they score each head.
+    split: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
     label: Mapped[Any | None] = mapped_column(JSON)  # current label: class name (str) or target list
     labeled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -200,7 +204,22 @@ class Checkpoint(Base):
     n_labels: Mapped[int] = mapped_column(Integer)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Scores of the head on the pool's labeled validation items ({"n", "metrics": {...}}); null without any.
+    validation_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     weights: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class CheckpointMap(Base):
+    """A 2-D picture of the pool at a checkpoint: PCA of the head's penultimate features of at most
+    ``map_max_points`` sampled items, with status and label; zlib-compressed JSON, served as is."""
+
+    __tablename__ = "checkpoint_maps"
+
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"), primary_key=True)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    n_points: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -98,3 +98,18 @@ def test_load_mixed_smoke_runs_both_phases_without_errors() -> None:
         assert all(math.isfinite(float(v)) and float(v) > 0 for v in (rate, p50, p99)), (phase, out)
         assert float(p50) <= float(p99)
     assert "load avg" in out and "batch succeeded" in out, out
+
+
+def test_dashboard_speed_smoke_times_every_page() -> None:
+    args = [str(ROOT / "bench" / "dashboard_speed.py"), "--smoke"]
+    url = os.environ.get("BAIT_TEST_DATABASE_URL")
+    if url:
+        args += ["--database-url", url]
+    out = _run(args)
+    assert ("PostgreSQL" if url else "SQLite") in out
+    rows = _table(out)
+    for name in ("baseline: pools list page /ui", "pool page (HTML)", "batch page (100 items)"):
+        median_ms, worst_ms, size = rows[name]
+        assert 0 < float(median_ms) <= float(worst_ms) and int(size.replace(",", "")) > 0, (name, rows[name])
+    assert int(rows["map.json (5,000 points)"][2].replace(",", "")) > 5_000 * 10  # every point was served
+    assert "pool page:" in out

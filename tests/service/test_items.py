@@ -218,6 +218,7 @@ def test_list_item_shape_has_label_not_target_and_no_embedding_by_default(client
         "batch_id": None,
         "reserved_until": None,
         "labeled_at": None,
+        "split": "train",
     }
 
 
