@@ -41,6 +41,10 @@ ROUTE_SCOPES: dict[str, str] = {
     "service.api.items:get_item": READ,
     "service.api.items:upsert_items": SELECT,
     "service.api.items:bulk_upload": SELECT,
+    # validation split and model quality
+    "service.api.quality:move_items": SELECT,  # moves items between the train and validation splits
+    "service.api.quality:curve": READ,
+    "service.api.quality:pool_map": READ,
     # labels
     "service.api.labels:label_history": READ,
     "service.api.labels:put_labels": LABEL,

@@ -43,7 +43,11 @@ def pools_overview(session: Session, tenant_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def pool_page(session: Session, tenant_id: str, pool_id: str, batch_limit: int = 25) -> dict[str, Any]:
+def pool_page(
+    session: Session, tenant_id: str, pool_id: str, batch_limit: int = 25, *, admin: bool = True
+) -> dict[str, Any]:
+    """Everything the pool page shows. Integrations and webhook deliveries (their targets and answers) are
+    for ``admin`` keys only, as in the API; for other keys they are ``None``."""
     view = pools_domain.view_pool(session, tenant_id, pool_id)
     pool = view.pool
     dist = dict(store.label_distribution(session, pool.id))
@@ -51,9 +55,9 @@ def pool_page(session: Session, tenant_id: str, pool_id: str, batch_limit: int =
     batches = batches_domain.list_batches(session, tenant_id, pool.id, status=None, limit=batch_limit, before=None)
     integrations = [integrations_domain.view(session, i) for i in integrations_domain.list_integrations(
         session, tenant_id, pool.id
-    )]  # fmt: skip
+    )] if admin else None  # fmt: skip
     deliveries: list[dict[str, Any]] = []
-    for endpoint in webhooks_domain.list_endpoints(session, tenant_id, pool.id):
+    for endpoint in webhooks_domain.list_endpoints(session, tenant_id, pool.id) if admin else ():
         for d in webhooks_domain.list_deliveries(session, tenant_id, pool.id, endpoint.id, limit=20):
             last = (d.log or [{}])[-1] if d.log else {}
             deliveries.append(
@@ -74,7 +78,7 @@ def pool_page(session: Session, tenant_id: str, pool_id: str, batch_limit: int =
         "labels": labels,
         "batches": [batches_domain.batch_view(b) for b in batches],
         "integrations": integrations,
-        "deliveries": deliveries[:20],
+        "deliveries": deliveries[:20] if admin else None,
         "strategies": strategies.names_for(pool.task),
     }
 

@@ -55,6 +55,14 @@ def _check_post(request: Request, user: WebUser, token: str | None) -> None:
         raise CsrfFailed()
 
 
+def _lacks(user: WebUser, scope: str, url: str) -> Response | None:
+    """A redirect back with an error when the signed-in key lacks ``scope`` (the API would answer 403)."""
+    if user.can(scope):
+        return None
+    have = ", ".join(user.scopes)
+    return _back(url, error=f"this API key lacks the {scope!r} scope needed for that (it has: {have})")
+
+
 def _page(request: Request, name: str, user: WebUser | None, status_code: int = 200, **context: Any) -> HTMLResponse:
     response = TEMPLATES.TemplateResponse(
         request, name, {"user": user, "csrf": None if user is None else user.csrf, **context}, status_code=status_code
@@ -129,7 +137,7 @@ def pools_page(request: Request, session: SessionDep, user: UserDep) -> HTMLResp
 def pool_page(
     request: Request, pool: str, session: SessionDep, user: UserDep, msg: str | None = None, err: str | None = None
 ) -> HTMLResponse:
-    data = dashboard.pool_page(session, user.tenant.id, pool)
+    data = dashboard.pool_page(session, user.tenant.id, pool, admin=user.can("admin"))
     return _page(request, "pool.html", user, msg=msg, err=err, **data)
 
 
@@ -202,6 +210,8 @@ def request_batch(
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
     _check_post(request, user, csrf)
+    if (denied := _lacks(user, "select", f"/ui/pools/{pool}")) is not None:
+        return denied
     req = batches_domain.BatchRequest(size=size, strategy=strategy, params={})
     try:
         batch, _ = batches_domain.create_batch(session, _queue(request), user.tenant.id, pool, req)
@@ -217,6 +227,8 @@ def cancel_batch(
     request: Request, pool: str, batch: str, session: SessionDep, user: UserDep, csrf: Annotated[str, Form()] = ""
 ) -> Response:
     _check_post(request, user, csrf)
+    if (denied := _lacks(user, "select", f"/ui/pools/{pool}/batches/{batch}")) is not None:
+        return denied
     try:
         batches_domain.cancel_batch(session, user.tenant.id, pool, batch)
     except ServiceError as exc:
@@ -240,6 +252,8 @@ def label_item(
     """Label one item by hand (class name, or comma-separated numbers for a regression target)."""
     _check_post(request, user, csrf)
     target = _safe_next(back)
+    if (denied := _lacks(user, "label", target)) is not None:
+        return denied
     p = get_pool(session, user.tenant.id, pool)
     try:
         if p.task == "classification":

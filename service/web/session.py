@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.crypto import derived_key
+from service.scopes import parse_scopes
 from service.security import hash_key
 from service.store.models import ApiKey, Tenant
 
@@ -39,6 +40,10 @@ class WebUser:
     key_prefix: str
     tenant: Tenant
     csrf: str
+    scopes: tuple[str, ...] = ()  # the key's scopes: the dashboard allows what the API would allow this key
+
+    def can(self, scope: str) -> bool:
+        return scope in self.scopes
 
 
 class LoginRequired(Exception):
@@ -95,7 +100,13 @@ def current_user(request: Request, session: Session) -> WebUser:
     if found is None:
         raise LoginRequired()
     key, tenant = found
-    return WebUser(key_id=key.id, key_prefix=key.prefix, tenant=tenant, csrf=str(payload.get("c", "")))
+    return WebUser(
+        key_id=key.id,
+        key_prefix=key.prefix,
+        tenant=tenant,
+        csrf=str(payload.get("c", "")),
+        scopes=parse_scopes(key.scopes),
+    )
 
 
 def set_cookie(response: Response, request: Request, value: str) -> None:

@@ -186,3 +186,32 @@ def test_item_content_from_data_text_or_reference() -> None:
     assert far == {"text": None, "image": None, "uri": "file:///d/a.png"}
     assert dashboard._content({"text": "x" * 300})["text"] == "x" * 280 + "…"
     assert dashboard._content({}) == {"text": None, "image": None, "uri": None}  # no data column at all
+
+
+def test_dashboard_allows_a_key_only_what_its_scopes_allow(
+    client: TestClient, auth: dict[str, str], db: sessionmaker[Session]
+) -> None:
+    """A labeling tool's key (read, label) signed in to the dashboard can label but not request or cancel
+    batches, and does not see integrations or webhook deliveries (admin only, as in the API)."""
+    from service.db import session_scope
+    from service.domain.keys import create_key
+
+    pool = _pool_with_items(client, auth)
+    with session_scope(db) as s:
+        tool_key, _ = create_key(s, "acme", name="labeling-tool", scopes=("read", "label"))
+    csrf = _sign_in(client, tool_key)
+    page = client.get(f"/ui/pools/{pool['id']}").text
+    assert page.count("Shown to keys with the <code>admin</code> scope.") == 2
+    r = client.post(
+        f"/ui/pools/{pool['id']}/batches", data={"size": "3", "strategy": "random", "csrf": csrf},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert r.status_code == 303 and "err=" in r.headers["location"] and "select" in r.headers["location"]
+    assert client.get(f"/v1/pools/{pool['id']}/batches", headers=auth).json()["batches"] == []  # nothing created
+    back = f"/ui/pools/{pool['id']}"
+    r = client.post(
+        f"/ui/pools/{pool['id']}/labels", data={"item_id": "i9", "value": "cat", "back": back, "csrf": csrf},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert r.status_code == 303 and "msg=" in r.headers["location"]
+    assert item_rows(db, pool["id"])["i9"].label == "cat"
