@@ -33,7 +33,7 @@ from service.logredact import AccessLogRedactor, install_access_log_redaction, r
 from service.main import create_app
 from service.outbound import OutboundClient, OutboundError, OutboundPolicy, OutboundRefused
 from service.store.models import Integration, WebhookDelivery, WebhookEndpoint
-from tests.fake_labelstudio import FakeLabelStudio, fake_labelstudio
+from tests.fake_labelstudio import fake_labelstudio
 from tests.worker.factories import make_pool
 from worker import context
 from worker.references import BadReference, FetchLimits, fetch, tenant_data_root
@@ -197,7 +197,7 @@ def test_guard_refuses_a_name_that_resolves_to_a_private_address(egress: list[An
     dns["intranet.example.com"] = ["10.0.0.5"]
     dns["mixed.example.com"] = ["93.184.215.14", "192.168.1.1"]  # one bad answer is enough to refuse
     with OutboundClient(OutboundPolicy(), timeout=2) as http:
-        with pytest.raises(OutboundRefused, match=r"'intranet.example.com' resolves to the private address 10\.0\.0\.5"):
+        with pytest.raises(OutboundRefused, match=r"'intranet.example.com' resolves to the private address 10\."):
             http.request("POST", "https://intranet.example.com/hook", content=b"{}")
         with pytest.raises(OutboundRefused, match=r"private address 192\.168\.1\.1"):
             http.request("GET", "http://mixed.example.com/")
@@ -263,9 +263,9 @@ def test_allowlist_entries_open_exactly_what_they_name(dns: dict[str, list[str]]
 
 def test_answer_size_is_capped(peer: Peer, dns: dict[str, list[str]]) -> None:
     peer.routes["/big"] = (200, {}, b"z" * 5000)
-    with OutboundClient(OutboundPolicy.parse("127.0.0.1"), timeout=2, max_bytes=1024) as http:
-        with pytest.raises(OutboundError, match="larger than the limit of 1024"):
-            http.request("GET", f"{peer.url}/big")
+    client = OutboundClient(OutboundPolicy.parse("127.0.0.1"), timeout=2, max_bytes=1024)
+    with client as http, pytest.raises(OutboundError, match="larger than the limit of 1024"):
+        http.request("GET", f"{peer.url}/big")
 
 
 # ------------------------------------------------------------------------------------------ webhooks
