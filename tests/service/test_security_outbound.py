@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
@@ -149,6 +150,14 @@ def peer() -> Iterator[Peer]:
     p = Peer()
     yield p
     p.close()
+
+
+@pytest.fixture
+def settings(settings: Settings, tmp_path: Path) -> Settings:
+    """Default outbound policy (no allowlist), with a data root for the per-tenant folder tests."""
+    root = tmp_path / "data"
+    root.mkdir()
+    return settings.model_copy(update={"data_root": root})
 
 
 def allowing(settings: Settings, allow: str) -> Settings:
@@ -426,6 +435,33 @@ def test_each_tenant_reads_only_its_own_folder(tmp_path: Path, settings: Setting
     assigned = s.model_copy(update={"tenant_data_roots": {"acme": root / "globex"}})
     assert fetch(f"file://{root}/globex/v.txt", FetchLimits.from_settings(assigned, "acme")) == b"globex"
     assert tenant_data_root(settings.model_copy(update={"data_root": None}), "acme") is None
+
+
+def test_a_tenant_cannot_embed_another_tenants_file(
+    client: TestClient, other_auth: dict[str, str], settings: Settings, run_jobs: Any
+) -> None:
+    from tests.worker.test_embed_job import items_by_id
+    from tests.worker.test_embed_job import make_pool as make_reference_pool
+
+    root = settings.data_root
+    assert root is not None
+    for tenant in ("acme", "globex"):
+        (root / tenant).mkdir()
+        np.save(root / tenant / "v.npy", np.ones(4, np.float32))
+    pool = make_reference_pool(client, other_auth, {"kind": "identity"})  # tenant globex
+    items = [
+        {"id": "own", "uri": f"file://{root}/globex/v.npy"},
+        {"id": "theirs", "uri": f"file://{root}/acme/v.npy"},
+        {"id": "dotdot", "uri": f"file://{root}/globex/../acme/v.npy"},
+    ]
+    r = client.post(f"/v1/pools/{pool}/items", json={"items": items}, headers=other_auth)
+    assert r.status_code < 300, r.text
+    run_jobs()
+    listed = items_by_id(client, other_auth, pool)
+    assert listed["own"]["embedding_status"] == "ready"
+    for ext in ("theirs", "dotdot"):
+        assert listed[ext]["embedding_status"] == "error"
+        assert "outside the data root" in listed[ext]["embedding_error"]
 
 
 # ------------------------------------------------------------------------------------------ logs, readyz, metrics
