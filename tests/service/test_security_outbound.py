@@ -309,7 +309,7 @@ def test_webhook_to_loopback_works_through_the_allowlist_and_never_shows_the_ans
             (delivery_id,) = batch_finished(finished_batch(db, pool.pool_id, "succeeded"))
             assert deliver(delivery_id) == "failed"
         finally:
-            context.configure(allowed)
+            context.configure(settings)
         listed = c.get(f"/v1/pools/{pool.pool_id}/webhooks/{hook['id']}/deliveries", headers=auth)
     assert listed.status_code == 200
     (attempt,) = listed.json()["deliveries"][0]["log"]
@@ -338,7 +338,7 @@ def test_webhook_failure_log_line_has_no_url_credentials(
             (delivery_id,) = batch_finished(finished_batch(db, pool.pool_id, "succeeded"))
             assert deliver(delivery_id) == "failed"
     finally:
-        context.configure(allowed)
+        context.configure(settings)
     assert "failed after 1 attempts" in caplog.text
     assert "hunter2pw" not in caplog.text and "tok-abc-123" not in caplog.text
 
