@@ -68,6 +68,7 @@ def _cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
 def _cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from service.logredact import install_access_log_redaction
     from service.main import create_app
 
     _announce(settings)
@@ -83,7 +84,9 @@ def _cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
                 print("No API key existed: created one for tenant 'default'. It is shown only now:", flush=True)
                 print(key, flush=True)
     app = create_app(settings)
-    uvicorn.run(app, host=args.host or settings.host, port=args.port or settings.port, log_level="info")
+    config = uvicorn.Config(app, host=args.host or settings.host, port=args.port or settings.port, log_level="info")
+    install_access_log_redaction()  # after uvicorn configured its loggers: no secret in the access log
+    uvicorn.Server(config).run()
     return 0
 
 

@@ -82,9 +82,25 @@ class Settings(BaseSettings):
         default=None,
         description="file:// references must lie under this folder (unset: file:// references are refused)",
     )
+    tenant_data_roots: dict[str, Path] = Field(
+        default_factory=dict,
+        description='operator-assigned file:// folders by tenant name, as JSON ({"acme": "/srv/acme"}); '
+        "a tenant not named reads <BAIT_DATA_ROOT>/<tenant name>/",
+    )
+    outbound_allow: str = Field(
+        default="",
+        description="hosts, IP addresses or CIDRs (comma-separated) that references, webhooks and Label Studio may "
+        "reach although they are loopback/private/link-local, e.g. 127.0.0.1,labelstudio.internal",
+    )
+    outbound_max_response_bytes: int = Field(
+        default=32 * 2**20, ge=1024, description="largest answer read from Label Studio or a webhook receiver"
+    )
     allow_private_urls: bool = Field(
         default=False,
-        description="let http(s):// references reach private, loopback and link-local addresses (operators only)",
+        description="deprecated: let every outbound request reach any address (use BAIT_OUTBOUND_ALLOW instead)",
+    )
+    metrics_token: str | None = Field(
+        default=None, description="when set, GET /metrics needs `Authorization: Bearer <token>` (401 otherwise)"
     )
     max_download_bytes: int = Field(default=50 * 2**20, ge=1, description="largest http(s):// reference downloaded")
     download_timeout_seconds: float = Field(default=20.0, gt=0, description="time limit of one http(s) download")
@@ -129,6 +145,19 @@ class Settings(BaseSettings):
     def _empty_secret_is_unset(cls, v: object) -> object:
         # docker compose passes an unset variable through as "": treat it as not given.
         return None if v == "" else v
+
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _empty_token_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("outbound_allow")
+    @classmethod
+    def _check_outbound_allow(cls, v: str) -> str:
+        from service.outbound import OutboundPolicy
+
+        OutboundPolicy.parse(v)  # fails fast on a malformed CIDR
+        return v
 
     @field_validator("database_url")
     @classmethod

@@ -17,6 +17,7 @@ Mapping (``IntegrationConfig``), checked against the project's labeling config b
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import xml.etree.ElementTree as ET
@@ -25,12 +26,16 @@ from typing import Any
 
 import httpx
 
+from service.outbound import OutboundClient, OutboundError, OutboundPolicy, OutboundRefused, status_line
+
+log = logging.getLogger(__name__)
+
 CLASSIFICATION_CONTROLS = ("choices",)
 REGRESSION_CONTROLS = ("number", "rating", "textarea")
 
 
 class LabelStudioError(Exception):
-    """A call to Label Studio failed; ``kind`` is unreachable | auth | not_found | rejected | mapping."""
+    """A call to Label Studio failed; ``kind`` is unreachable | refused | auth | not_found | rejected | mapping."""
 
     def __init__(self, message: str, kind: str = "rejected", status_code: int | None = None) -> None:
         super().__init__(message)
@@ -51,17 +56,9 @@ class MappingError(LabelStudioError):
 # --------------------------------------------------------------------------------------------------
 
 
-def _error_text(r: httpx.Response) -> str:
-    """Label Studio's own explanation (``detail`` / ``validation_errors``) rather than the raw JSON."""
-    try:
-        body = r.json()
-    except ValueError:
-        return r.text[:300]
-    if isinstance(body, dict):
-        parts = [str(body[k]) for k in ("detail", "validation_errors") if body.get(k)]
-        if parts:
-            return "; ".join(parts)[:500]
-    return str(body)[:300]
+def _log_foreign_error(r: httpx.Response, method: str, path: str) -> None:
+    """Label Studio's explanation goes to the operator's log only: a tenant sees the status line."""
+    log.info("Label Studio answered %s on %s %s: %r", r.status_code, method, path, r.content[:500])
 
 
 def _looks_like_jwt(token: str) -> bool:
@@ -71,11 +68,31 @@ def _looks_like_jwt(token: str) -> bool:
 class LabelStudioClient:
     """A small synchronous client of the endpoints we use (projects, import, tasks, annotations)."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = 30.0, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        policy: OutboundPolicy | None = None,
+        max_bytes: int = 32 * 2**20,
+    ):
         self.url = url.rstrip("/")
         self.token = token
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, follow_redirects=True)
+        # Every call goes through the outbound guard (service.outbound): internal addresses refused unless
+        # the operator allowlist names them, each redirect re-checked, time and answer size capped.
+        self._http = OutboundClient(policy or OutboundPolicy(), timeout=timeout, max_bytes=max_bytes)
         self._auth: str | None = None
+
+    @classmethod
+    def from_settings(cls, url: str, token: str, settings: Any) -> LabelStudioClient:
+        return cls(
+            url,
+            token,
+            timeout=float(settings.labelstudio_timeout_seconds),
+            policy=OutboundPolicy.from_settings(settings),
+            max_bytes=int(settings.outbound_max_response_bytes),
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -103,15 +120,12 @@ class LabelStudioClient:
     def _send(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": self._authorization()} if auth else {}
         try:
-            r = self._http.request(method, path, headers=headers, **kwargs)
-        except httpx.TimeoutException as exc:
+            r = self._http.request(method, self.url + path, headers=headers, **kwargs)
+        except OutboundRefused as exc:
+            raise LabelStudioError(f"Label Studio at {self.url}: {exc.message}", kind="refused") from exc
+        except OutboundError as exc:
             raise LabelStudioError(
-                f"Label Studio at {self.url} timed out ({method} {path})", kind="unreachable"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise LabelStudioError(
-                f"Label Studio at {self.url} is unreachable ({method} {path}): {type(exc).__name__}: {exc}",
-                kind="unreachable",
+                f"Label Studio at {self.url} is unreachable ({method} {path}): {exc.message}", kind="unreachable"
             ) from exc
         if r.status_code in (401, 403):
             raise LabelStudioError(
@@ -122,9 +136,10 @@ class LabelStudioClient:
             )
         if r.status_code == 404:
             raise LabelStudioError(f"Label Studio answered 404 on {method} {path}", kind="not_found", status_code=404)
-        if r.status_code >= 400:
+        if r.status_code >= 300:
+            _log_foreign_error(r, method, path)
             raise LabelStudioError(
-                f"Label Studio answered {r.status_code} on {method} {path}: {_error_text(r)}",
+                f"Label Studio answered {status_line(r.status_code)} on {method} {path}",
                 kind="rejected",
                 status_code=r.status_code,
             )
@@ -162,7 +177,7 @@ class LabelStudioClient:
         body = self._json("POST", f"/api/projects/{project_id}/import", params={"return_task_ids": "true"}, json=tasks)
         ids = body.get("task_ids") if isinstance(body, dict) else None
         if not isinstance(ids, list) or len(ids) != len(tasks):
-            raise LabelStudioError(f"Label Studio's import answered without {len(tasks)} task ids: {str(body)[:300]}")
+            raise LabelStudioError(f"Label Studio's import answered without {len(tasks)} task ids")
         return [int(i) for i in ids]
 
     def tasks(self, project_id: int, page_size: int = 100) -> list[dict[str, Any]]:
@@ -182,7 +197,7 @@ class LabelStudioClient:
                 raise
             rows = body.get("tasks", []) if isinstance(body, dict) else body
             if not isinstance(rows, list):
-                raise LabelStudioError(f"unexpected answer to GET /api/tasks/: {str(body)[:300]}")
+                raise LabelStudioError("unexpected answer to GET /api/tasks/ (not a list of tasks)")
             out.extend(rows)
             total = body.get("total") if isinstance(body, dict) else None
             if len(rows) < page_size or (isinstance(total, int) and len(out) >= total):

@@ -47,6 +47,11 @@ class Metrics:
             ["route", "method"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.registry.register(DatabaseCollector(factory))
+        # What /metrics serves when no BAIT_METRICS_TOKEN is set: this process's HTTP figures only; the
+        # database figures (every tenant's batches) need the token.
+        self.public_registry = CollectorRegistry(auto_describe=True)
+        self.public_registry.register(self.requests)
+        self.public_registry.register(self.latency)
 
 
 def _histogram(

@@ -23,15 +23,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import session_scope
+from service.outbound import OutboundClient
 from service.store import embedding as repo
 from service.store.attempts import close_running
 from service.store.embedding import Reference
-from service.store.models import EncoderModel, Pool
+from service.store.models import EncoderModel, Pool, Tenant
 from worker import context
 from worker.encoder_process import EncoderInputError, EncoderLimitExceeded
 from worker.encoders import Encoder, EncoderError, InputSpec, TorchScriptEncoder, encoder_source, make_encoder
@@ -61,7 +61,7 @@ class EmbedTracker(Tracker):
         return repo.touch_job(s, self.batch_id, self.attempt, utcnow(), progress)
 
 
-def make_decoder(encoder: Encoder, limits: FetchLimits, client: httpx.Client) -> Callable[[Reference], Any]:
+def make_decoder(encoder: Encoder, limits: FetchLimits, client: OutboundClient) -> Callable[[Reference], Any]:
     """``decode(reference) -> encoder input``; raises :class:`BadReference` for a bad reference."""
     spec: InputSpec | None = encoder.spec if isinstance(encoder, TorchScriptEncoder) else None
 
@@ -235,6 +235,9 @@ def _run(factory: sessionmaker[Session], pool_id: str, tracker: Tracker, setting
     source = encoder_source(config, None if model is None else model[2])
     with session_scope(factory) as s:
         refs = repo.references_to_embed(s, pool_id, source)
+        pool_row = s.get(Pool, pool_id)
+        tenant = s.get(Tenant, pool_row.tenant_id) if pool_row is not None else None
+        tenant_name = tenant.name if tenant is not None else ""
     total = len(refs)
     counts = {"embedded": 0, "errors": 0, "skipped": 0, "total": total}
     tracker.stage("embed", 0, total)
@@ -250,7 +253,7 @@ def _run(factory: sessionmaker[Session], pool_id: str, tracker: Tracker, setting
         memory_bytes=settings.encoder_memory_bytes,
     )
     try:
-        return _encode_all(factory, pool_id, tracker, settings, config, dim, encoder, refs, counts)
+        return _encode_all(factory, pool_id, tracker, settings, config, dim, encoder, refs, counts, tenant_name)
     finally:
         close = getattr(encoder, "close", None)
         if close is not None:
@@ -267,12 +270,13 @@ def _encode_all(
     encoder: Encoder,
     refs: list[Reference],
     counts: dict[str, int],
+    tenant_name: str,
 ) -> dict[str, int]:
     total = len(refs)
-    limits = FetchLimits.from_settings(settings)
+    limits = FetchLimits.from_settings(settings, tenant_name)  # file:// confined to this tenant's folder
     size = int(settings.encode_batch_size)
     with (
-        httpx.Client(follow_redirects=False, trust_env=False) as client,
+        limits.client() as client,
         ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="bait-fetch") as pool,
     ):
         decode = make_decoder(encoder, limits, client)

@@ -90,7 +90,7 @@ def _load(factory: sessionmaker[Session], integration_id: str) -> _Conn | None:
 
 
 def _client(conn: _Conn) -> LabelStudioClient:
-    return LabelStudioClient(conn.url, conn.token, timeout=context.env().settings.labelstudio_timeout_seconds)
+    return LabelStudioClient.from_settings(conn.url, conn.token, context.env().settings)
 
 
 def _refresh_mapping(factory: sessionmaker[Session], conn: _Conn, ls: LabelStudioClient) -> Mapping:

@@ -2,14 +2,15 @@
 
 Sources:
 
-- ``file:///abs/path``: only under ``settings.data_root`` (the real path, symlinks followed, must lie
-  inside the real root; ``..`` and symlinks out of it are refused); at most ``max_download_bytes``.
-- ``http(s)://``: downloaded with httpx within ``download_timeout_seconds`` (whole download, not per
-  read) and ``max_download_bytes`` (declared length and streamed count). The host name is resolved
-  once, every address it resolves to is checked, and the request goes to that checked address (Host
-  header and TLS SNI keep the name), so a DNS answer cannot change between the check and the
-  connection. Private, loopback, link-local, multicast, reserved and unspecified addresses are
-  refused unless ``allow_private_urls``. Redirects are followed by hand (at most 3), each re-checked.
+- ``file:///abs/path``: only under the tenant's data root (:func:`tenant_data_root`: the folder the
+  operator assigned to the tenant in ``tenant_data_roots``, else ``<data_root>/<tenant name>/``); the
+  real path (symlinks followed) must lie inside the real root, so ``..``, absolute paths elsewhere and
+  symlinks out of it (into another tenant's folder too) are refused; at most ``max_download_bytes``.
+- ``http(s)://``: downloaded through the outbound guard (:mod:`service.outbound`: the name resolved
+  once and every address checked, loopback/private/link-local/... refused unless the operator
+  allowlist names them, the connection pinned to the checked address, redirects re-checked) within
+  ``download_timeout_seconds`` and ``max_download_bytes``. An error answer is reported by its status
+  line only.
 - inline ``text``.
 
 Decoders: UTF-8 text; images with Pillow (to ``H x W x C`` uint8, converted to the encoder's mode and
@@ -22,47 +23,65 @@ job stores it on the item and goes on with the next one.
 from __future__ import annotations
 
 import io
-import ipaddress
 import os
-import socket
-import time
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
-import httpx
 import numpy as np
 
-MAX_REDIRECTS = 3
+from service.outbound import OutboundClient, OutboundError, OutboundPolicy, status_line
+
 MAX_IMAGE_PIXELS = 64_000_000  # a decompression bomb is refused, not decoded
+_SAFE_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 class BadReference(Exception):
     """One item's reference cannot be resolved or decoded; the message is stored on the item."""
 
 
+def tenant_data_root(settings: Any, tenant_name: str) -> Path | None:
+    """The folder a tenant's ``file://`` references must lie in, or None (file:// refused for it).
+
+    The operator's assignment (``tenant_data_roots``) wins; otherwise ``<data_root>/<tenant name>``
+    when ``data_root`` is set and the name is a plain folder name (letters, digits, ``.``, ``_``, ``-``).
+    """
+    assigned = (getattr(settings, "tenant_data_roots", None) or {}).get(tenant_name)
+    if assigned is not None:
+        return Path(assigned)
+    root = getattr(settings, "data_root", None)
+    if root is None or not _SAFE_FOLDER.fullmatch(tenant_name) or tenant_name in (".", ".."):
+        return None
+    return Path(root) / tenant_name
+
+
 @dataclass(frozen=True)
 class FetchLimits:
-    data_root: Path | None
-    allow_private_urls: bool
+    data_root: Path | None  # the tenant's own folder (see tenant_data_root)
+    policy: OutboundPolicy
     max_bytes: int
     timeout_s: float
 
     @classmethod
-    def from_settings(cls, settings: Any) -> FetchLimits:
+    def from_settings(cls, settings: Any, tenant_name: str) -> FetchLimits:
         return cls(
-            data_root=settings.data_root,
-            allow_private_urls=bool(settings.allow_private_urls),
+            data_root=tenant_data_root(settings, tenant_name),
+            policy=OutboundPolicy.from_settings(settings),
             max_bytes=int(settings.max_download_bytes),
             timeout_s=float(settings.download_timeout_seconds),
         )
+
+    def client(self) -> OutboundClient:
+        """A guarded client for this job's downloads (thread-safe: share it between fetch threads)."""
+        return OutboundClient(self.policy, timeout=self.timeout_s, max_bytes=self.max_bytes)
 
 
 # ------------------------------------------------------------------------------------------- fetch
 
 
-def fetch(uri: str, limits: FetchLimits, client: httpx.Client | None = None) -> bytes:
+def fetch(uri: str, limits: FetchLimits, client: OutboundClient | None = None) -> bytes:
     """The bytes a ``file://`` or ``http(s)://`` reference points at.
 
     Raises:
@@ -75,15 +94,18 @@ def fetch(uri: str, limits: FetchLimits, client: httpx.Client | None = None) -> 
     if scheme in ("http", "https"):
         if client is not None:
             return download(uri, limits, client)
-        with httpx.Client(follow_redirects=False, trust_env=False) as own:
+        with limits.client() as own:
             return download(uri, limits, own)
     raise BadReference(f"unsupported reference scheme {scheme or '(none)'!r}: use file://, http:// or https://")
 
 
 def file_path(uri: str, root: Path | None) -> Path:
-    """The real path of a ``file://`` reference, checked to lie under ``root``."""
+    """The real path of a ``file://`` reference, checked to lie under ``root`` (the tenant's folder)."""
     if root is None:
-        raise BadReference("file:// references are disabled: the operator has not set BAIT_DATA_ROOT")
+        raise BadReference(
+            "file:// references are disabled for this tenant: the operator has not set BAIT_DATA_ROOT "
+            "(or assigned the tenant a folder)"
+        )
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost"):
         raise BadReference(f"file:// reference with a host ({parts.netloc!r}): use file:///absolute/path")
@@ -93,7 +115,9 @@ def file_path(uri: str, root: Path | None) -> Path:
     real_root = Path(os.path.realpath(root))
     real = Path(os.path.realpath(raw))
     if not real.is_relative_to(real_root):
-        raise BadReference(f"file {raw!r} lies outside the data root; only files under the data root are read")
+        raise BadReference(
+            f"file {raw!r} lies outside the data root; only files under this tenant's folder {str(root)!r} are read"
+        )
     return real
 
 
@@ -116,104 +140,15 @@ def read_file(uri: str, limits: FetchLimits) -> bytes:
     return data
 
 
-def _forbidden(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return _forbidden(addr.ipv4_mapped)
-    for what, flag in (
-        ("loopback", addr.is_loopback),
-        ("unspecified", addr.is_unspecified),
-        ("link-local", addr.is_link_local),
-        ("multicast", addr.is_multicast),
-        ("private", addr.is_private),
-        ("reserved", addr.is_reserved),
-    ):
-        if flag:
-            return what
-    return None
-
-
-def resolve_host(host: str, port: int, allow_private: bool) -> str:
-    """The address to connect to: every address ``host`` resolves to is checked, the first is used.
-
-    Raises:
-        BadReference: the name does not resolve, or resolves to a refused address.
-    """
+def download(uri: str, limits: FetchLimits, client: OutboundClient) -> bytes:
+    """GET an http(s) reference through the guard, within the size and time limits."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise BadReference(f"cannot resolve host {host!r}: {exc}") from None
-    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-    if not addresses:
-        raise BadReference(f"host {host!r} has no address")
-    if not allow_private:
-        for a in addresses:
-            why = _forbidden(ipaddress.ip_address(a.split("%", 1)[0]))
-            if why is not None:
-                raise BadReference(
-                    f"refused: {host!r} resolves to the {why} address {a}; requests to private, loopback and "
-                    "link-local addresses are disabled (operators may allow them with BAIT_ALLOW_PRIVATE_URLS)"
-                )
-    return addresses[0]
-
-
-def download(uri: str, limits: FetchLimits, client: httpx.Client) -> bytes:
-    """GET an http(s) reference to the checked address, within the size and time limits."""
-    deadline = time.monotonic() + limits.timeout_s
-    url = uri
-    for _ in range(MAX_REDIRECTS + 1):
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https"):
-            raise BadReference(f"redirect to an unsupported scheme {scheme!r}")
-        host = parts.hostname
-        if not host:
-            raise BadReference(f"URL without a host: {url!r}")
-        try:
-            port = parts.port or (443 if scheme == "https" else 80)
-        except ValueError:
-            raise BadReference(f"URL with an invalid port: {url!r}") from None
-        address = resolve_host(host, port, limits.allow_private_urls)
-        ip_host = f"[{address}]" if ":" in address else address
-        pinned = urlunsplit((scheme, f"{ip_host}:{port}", parts.path or "/", parts.query, ""))
-        host_header = host if parts.port is None else f"{host}:{parts.port}"
-        extensions: dict[str, Any] = {}
-        if scheme == "https":
-            extensions["sni_hostname"] = host
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise BadReference(f"download timed out after {limits.timeout_s:g} s")
-        try:
-            with client.stream(
-                "GET",
-                pinned,
-                headers={"Host": host_header, "Accept-Encoding": "identity"},
-                timeout=httpx.Timeout(left),
-                extensions=extensions,
-            ) as response:
-                if response.is_redirect:
-                    location = response.headers.get("location")
-                    if not location:
-                        raise BadReference(f"HTTP {response.status_code} redirect without a Location")
-                    url = str(httpx.URL(url).join(location))
-                    continue
-                if response.status_code >= 400:
-                    raise BadReference(f"HTTP {response.status_code} from {host}")
-                declared = response.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-                    raise BadReference(f"download of {declared} bytes is larger than the limit of {limits.max_bytes}")
-                body = bytearray()
-                for chunk in response.iter_raw():
-                    body.extend(chunk)
-                    if len(body) > limits.max_bytes:
-                        raise BadReference(f"download larger than the limit of {limits.max_bytes} bytes")
-                    if time.monotonic() > deadline:
-                        raise BadReference(f"download timed out after {limits.timeout_s:g} s")
-                return bytes(body)
-        except httpx.TimeoutException:
-            raise BadReference(f"download timed out after {limits.timeout_s:g} s") from None
-        except httpx.HTTPError as exc:
-            raise BadReference(f"download failed: {type(exc).__name__}: {exc}") from None
-    raise BadReference(f"more than {MAX_REDIRECTS} redirects")
+        r = client.request("GET", uri, timeout=limits.timeout_s, max_bytes=limits.max_bytes)
+    except OutboundError as exc:
+        raise BadReference(exc.message) from None
+    if r.status_code >= 300:
+        raise BadReference(f"{status_line(r.status_code)} from {urlsplit(uri).hostname}")
+    return r.content
 
 
 # ------------------------------------------------------------------------------------------ decode

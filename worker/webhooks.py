@@ -19,13 +19,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import crypto
 from service.config import Settings
 from service.db import session_scope
 from service.domain import webhooks as domain
+from service.logredact import redact_url
+from service.outbound import OutboundError, client_from_settings, status_line
 from service.store import batches as batches_repo
 from service.store import integrations as repo
 from service.store.models import WebhookEndpoint
@@ -100,19 +101,24 @@ def attempt(factory: sessionmaker[Session], settings: Settings, delivery_id: str
     if secret is None:
         error = key_error
     else:
+        # Through the outbound guard; no redirects (a 3xx is a failed attempt). Only the status line of
+        # the receiver's answer is kept: its body is never shown to the tenant.
         try:
-            r = httpx.post(
-                url,
-                content=body,
-                headers=domain.signed_headers(secret, event, delivery_id, body),
-                timeout=settings.webhook_timeout_seconds,
-                follow_redirects=False,
-            )
+            with client_from_settings(settings, timeout=settings.webhook_timeout_seconds) as http:
+                r = http.request(
+                    "POST",
+                    url,
+                    content=body,
+                    headers=domain.signed_headers(secret, event, delivery_id, body),
+                    follow_redirects=False,
+                    read_body=False,
+                )
             status_code = r.status_code
             if not 200 <= r.status_code < 300:
-                error = f"HTTP {r.status_code}: {r.text[:200]}"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+                error = status_line(r.status_code)
+        except OutboundError as exc:
+            status_code = exc.status_code
+            error = exc.message
     seconds = round(time.perf_counter() - t0, 4)
     now = utcnow()
     with session_scope(factory) as s:
@@ -131,7 +137,9 @@ def attempt(factory: sessionmaker[Session], settings: Settings, delivery_id: str
         elif number >= settings.webhook_max_attempts:
             row.status = "failed"
             row.next_attempt_at = None
-            log.warning("webhook delivery %s to %s failed after %d attempts: %s", delivery_id, url, number, error)
+            log.warning(
+                "webhook delivery %s to %s failed after %d attempts: %s", delivery_id, redact_url(url), number, error
+            )
         else:
             delay = settings.webhook_backoff_seconds * 2 ** (number - 1)
             row.next_attempt_at = now + timedelta(seconds=delay)

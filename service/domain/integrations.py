@@ -30,6 +30,7 @@ from service.domain import batches as batches_domain
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound, ServiceError, Unauthorized
 from service.labelstudio import IntegrationConfig, LabelStudioClient, LabelStudioError, Mapping, resolve_mapping
+from service.outbound import DestinationRefused, OutboundPolicy, check_destination
 from service.queue import JobFailed, JobQueue, JobTimeout, enqueue_on_commit
 from service.store import batches as batches_repo
 from service.store import integrations as repo
@@ -62,6 +63,8 @@ def utcnow() -> datetime:
 
 def as_service_error(exc: LabelStudioError) -> ServiceError:
     details = {"kind": exc.kind, "status_code": exc.status_code}
+    if exc.kind == "refused":
+        return DestinationRefused(exc.message, details)
     if exc.kind == "unreachable":
         return LabelStudioUnreachable(exc.message, details)
     return LabelStudioRejected(exc.message, details)
@@ -84,7 +87,7 @@ def check_project(
     Raises:
         LabelStudioError: unreachable, token rejected, no such project, or a mapping that does not fit.
     """
-    with LabelStudioClient(url, token, timeout=settings.labelstudio_timeout_seconds) as ls:
+    with LabelStudioClient.from_settings(url, token, settings) as ls:
         project = ls.project(project_id)
     return resolve_mapping(pool.task, pool.classes, pool.n_outputs, config, str(project.get("label_config") or ""))
 
@@ -98,6 +101,8 @@ def connect_labelstudio(
         raise BadRequest(f"url must be the http(s) address of Label Studio, got {req.url!r}")
     if not req.token:
         raise BadRequest("token must be a Label Studio API token")
+    # Checked even when `verify` is off: workers would call this address later.
+    check_destination(req.url, OutboundPolicy.from_settings(settings), "Label Studio url")
     if req.config.batch_size < 1:
         raise BadRequest("batch_size must be at least 1")
     stored = req.config.to_dict()

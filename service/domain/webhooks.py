@@ -37,6 +37,8 @@ from service import crypto
 from service.config import Settings
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound
+from service.logredact import redact_url
+from service.outbound import OutboundPolicy, check_destination
 from service.queue import JobQueue
 from service.store import integrations as repo
 from service.store.models import WebhookDelivery, WebhookEndpoint
@@ -108,10 +110,12 @@ class EndpointRequest:
     secret: str | None = None
 
 
-def _check_url(url: str) -> str:
+def _check_url(url: str, settings: Settings) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise BadRequest(f"webhook url must be an absolute http(s) URL, got {url!r}")
+        raise BadRequest(f"webhook url must be an absolute http(s) URL, got {redact_url(url)!r}")
+    # Resolved and checked now (and again at every delivery): loopback, private, link-local... refused.
+    check_destination(url, OutboundPolicy.from_settings(settings), "webhook url")
     return url
 
 
@@ -128,7 +132,7 @@ def create_endpoint(
     secret = req.secret or crypto.new_secret()
     row = WebhookEndpoint(
         pool_id=pool.id,
-        url=_check_url(req.url),
+        url=_check_url(req.url, settings),
         secret_encrypted=crypto.encrypt(settings, secret),
         events=sorted(set(req.events)),
         active=1,

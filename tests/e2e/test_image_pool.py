@@ -23,7 +23,7 @@ EMB = 32
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
     root = tmp_path / "images"
-    root.mkdir()
+    (root / "acme").mkdir(parents=True)  # the folder of tenant acme (the `auth` key's tenant)
     return settings.model_copy(update={"data_root": root, "encode_batch_size": 64})
 
 
@@ -52,8 +52,8 @@ def torchscript_bytes(module: torch.nn.Module) -> bytes:
 def test_mnist_png_pool_with_uploaded_cnn_selects_a_batch(
     client: TestClient, auth: dict[str, str], settings: Settings, run_jobs: RunJobs
 ) -> None:
-    root = settings.data_root
-    assert root is not None
+    assert settings.data_root is not None
+    root = settings.data_root / "acme"
     with np.load(shared_data("mnist10k.npz"), allow_pickle=False) as data:
         X, y = data["X"], data["y"]
     rows = np.random.default_rng(0).permutation(X.shape[0])[:N]

@@ -51,15 +51,15 @@ PARAPHRASES = [
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
     root = tmp_path / "texts"
-    root.mkdir()
+    (root / "acme").mkdir(parents=True)  # the folder of tenant acme (the `auth` key's tenant)
     return settings.model_copy(update={"data_root": root, "encode_batch_size": 64})
 
 
 def test_minilm_text_pool_embeds_and_selects(
     client: TestClient, auth: dict[str, str], settings: Settings, run_jobs: RunJobs
 ) -> None:
-    root = settings.data_root
-    assert root is not None
+    assert settings.data_root is not None
+    root = settings.data_root / "acme"
     texts: list[tuple[str, str, str]] = []  # id, text, topic
     for topic, subjects in TOPICS.items():
         for s_i, subject in enumerate(subjects):

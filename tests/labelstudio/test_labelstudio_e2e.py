@@ -91,7 +91,8 @@ def labelstudio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """``(base url, api key)`` of an embedded `bait serve`."""
-    env = bait_env(f"sqlite:///{tmp_path / 'data' / 'bait.db'}", None, "bait")
+    # Label Studio listens on 127.0.0.1: the operator allowlist opens it (the README's local setup)
+    env = bait_env(f"sqlite:///{tmp_path / 'data' / 'bait.db'}", None, "bait", outbound_allow="127.0.0.1")
     server, base = serve(env, tmp_path / "serve.log", migrate=True)
     procs: list[Proc] = [server]
     try:

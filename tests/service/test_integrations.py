@@ -12,11 +12,19 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.config import Settings
 from service.db import session_scope
 from service.store.models import Batch, Integration, Item, Label, TaskLink
 from tests.fake_labelstudio import FakeLabelStudio, fake_labelstudio
 from tests.service.test_checkpoints import _while_jobs_run
 from tests.worker.factories import make_pool
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The peers of these tests listen on 127.0.0.1, which the outbound guard refuses by default: the
+    operator allowlist opens it, as the README's local setup does."""
+    return settings.model_copy(update={"outbound_allow": "127.0.0.1"})
 
 
 @pytest.fixture

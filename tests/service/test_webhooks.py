@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.config import Settings
 from service.db import session_scope
 from service.domain.webhooks import sign, verify_signature
 from service.store.models import Batch, WebhookDelivery
@@ -50,6 +51,13 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The peers of these tests listen on 127.0.0.1, which the outbound guard refuses by default: the
+    operator allowlist opens it, as the README's local setup does."""
+    return settings.model_copy(update={"outbound_allow": "127.0.0.1"})
 
 
 @pytest.fixture
@@ -103,7 +111,8 @@ def test_register_returns_secret_once_and_validates(
     client: TestClient, auth: dict[str, str], other_auth: dict[str, str], db: sessionmaker[Session]
 ) -> None:
     pool = make_pool(db, n=10, n_labeled=2)
-    hook = register(client, auth, pool.pool_id, "https://example.org/hook", events=["batch.failed"])
+    # a public address literal: checked without any DNS query, never contacted here
+    hook = register(client, auth, pool.pool_id, "https://93.184.215.14/hook", events=["batch.failed"])
     assert len(hook["secret"]) >= 16 and hook["events"] == ["batch.failed"]
     got = client.get(f"/v1/pools/{pool.pool_id}/webhooks/{hook['id']}", headers=auth)
     assert got.status_code == 200 and "secret" not in got.json() and hook["secret"] not in got.text
@@ -189,7 +198,7 @@ def test_delivery_gives_up_after_max_attempts_and_logs_unreachable(
             row = s.get(WebhookDelivery, delivery_id)
             assert row is not None and row.attempts == 2 and row.next_attempt_at is None
             assert [a["status_code"] for a in row.log] == [None, None]
-            assert all("ConnectError" in a["error"] for a in row.log)
+            assert all("ConnectError" in a["error"] and "failed" in a["error"] for a in row.log)
     finally:
         context.configure(settings)
 

@@ -24,7 +24,7 @@ D = 4
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
     root = tmp_path / "data"
-    root.mkdir()
+    (root / "acme").mkdir(parents=True)  # the folder of tenant acme (the `auth` key's tenant)
     return settings.model_copy(update={"data_root": root, "encode_batch_size": 8, "download_timeout_seconds": 2.0})
 
 
@@ -64,8 +64,8 @@ def latest_job(client: TestClient, auth: dict[str, str], pool: str) -> dict[str,
 def test_identity_pool_embeds_files_and_marks_bad_references(
     client: TestClient, auth: dict[str, str], settings: Settings, run_jobs: RunJobs, db: sessionmaker[Session]
 ) -> None:
-    root = settings.data_root
-    assert root is not None
+    assert settings.data_root is not None
+    root = settings.data_root / "acme"
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((20, D)).astype(np.float32)
     items = [{"id": f"v{i}", "uri": save_npy(root / f"v{i}.npy", vectors[i])} for i in range(20)]
@@ -129,8 +129,8 @@ def test_identity_pool_embeds_files_and_marks_bad_references(
 def test_fixing_a_reference_and_retrying_embeds_it(
     client: TestClient, auth: dict[str, str], settings: Settings, run_jobs: RunJobs
 ) -> None:
-    root = settings.data_root
-    assert root is not None
+    assert settings.data_root is not None
+    root = settings.data_root / "acme"
     pool = make_pool(client, auth, {"kind": "identity"})
     uri = f"file://{root}/late.npy"
     client.post(f"/v1/pools/{pool}/items", json={"items": [{"id": "late", "uri": uri}]}, headers=auth)
@@ -148,8 +148,8 @@ def test_fixing_a_reference_and_retrying_embeds_it(
 def test_changing_the_encoder_re_embeds_every_reference(
     client: TestClient, auth: dict[str, str], settings: Settings, run_jobs: RunJobs, db: sessionmaker[Session]
 ) -> None:
-    root = settings.data_root
-    assert root is not None
+    assert settings.data_root is not None
+    root = settings.data_root / "acme"
     pool = make_pool(client, auth, {"kind": "identity"})
     items = [{"id": f"v{i}", "uri": save_npy(root / f"v{i}.npy", np.full(D, i, np.float32))} for i in range(5)]
     client.post(f"/v1/pools/{pool}/items", json={"items": items}, headers=auth)

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.config import Settings
 from service.db import session_scope
 from service.store.models import Integration, TaskLink
 from tests.fake_labelstudio import TEXT_CONFIG, FakeLabelStudio, fake_labelstudio
@@ -18,6 +19,13 @@ from tests.service.test_integrations import connect, give_text, item_label, run_
 from tests.worker.factories import make_pool
 from worker import context
 from worker.labelstudio import apply_annotation, import_batch, reconcile
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The peers of these tests listen on 127.0.0.1, which the outbound guard refuses by default: the
+    operator allowlist opens it, as the README's local setup does."""
+    return settings.model_copy(update={"outbound_allow": "127.0.0.1"})
 
 
 @pytest.fixture
@@ -43,9 +51,9 @@ def links(db: sessionmaker[Session]) -> int:
     [
         ("token", "rejected the API token"),
         ("down", "unreachable"),
-        ("server_error", "answered 500"),
+        ("server_error", "answered HTTP 500 Internal Server Error"),
         ("mapping", "map to no class"),
-        ("shows_other_field", '"body" key is expected'),
+        ("shows_other_field", "answered HTTP 400 Bad Request"),  # its explanation is logged, not shown
     ],
 )
 def test_import_failure_shows_on_batch_and_integration(

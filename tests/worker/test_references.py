@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from service.outbound import OutboundPolicy, OutboundRefused, resolve
 from worker.references import (
     BadReference,
     FetchLimits,
@@ -23,7 +25,6 @@ from worker.references import (
     decode_npy,
     decode_text,
     fetch,
-    resolve_host,
 )
 
 BODY = b"hello from the test server"
@@ -82,7 +83,8 @@ def server() -> Iterator[str]:
 def limits(
     root: Path | None = None, *, allow: bool = True, max_bytes: int = 50_000, timeout: float = 5.0
 ) -> FetchLimits:
-    return FetchLimits(data_root=root, allow_private_urls=allow, max_bytes=max_bytes, timeout_s=timeout)
+    policy = OutboundPolicy.parse("127.0.0.1,localhost" if allow else "")
+    return FetchLimits(data_root=root, policy=policy, max_bytes=max_bytes, timeout_s=timeout)
 
 
 # --------------------------------------------------------------------------------------------- file
@@ -167,14 +169,15 @@ def test_http_reference_to_loopback_is_refused_by_default(server: str) -> None:
     ],
 )
 def test_private_and_link_local_addresses_are_refused(host: str, why: str) -> None:
-    with pytest.raises(BadReference, match=why):
-        resolve_host(host, 80, allow_private=False)
-    assert resolve_host(host, 80, allow_private=True) == host
+    # Literal addresses: getaddrinfo does no lookup, and resolve() never connects.
+    with pytest.raises(OutboundRefused, match=why):
+        resolve(host, 80, OutboundPolicy())
+    assert resolve(host, 80, OutboundPolicy.parse(f"{host}/32")) == host
 
 
 def test_ipv4_mapped_ipv6_loopback_is_refused() -> None:
-    with pytest.raises(BadReference, match="loopback"):
-        resolve_host("::ffff:127.0.0.1", 80, allow_private=False)
+    with pytest.raises(OutboundRefused, match="loopback"):
+        resolve("::ffff:127.0.0.1", 80, OutboundPolicy())
 
 
 def test_request_goes_to_the_checked_address_with_the_original_host(server: str) -> None:
@@ -203,12 +206,17 @@ def test_slow_download_times_out(server: str) -> None:
     assert time.monotonic() - t < 1.4
 
 
-def test_http_error_status_is_an_item_error(server: str) -> None:
-    with pytest.raises(BadReference, match="HTTP 404"):
+def test_http_error_status_is_an_item_error_without_the_body(server: str) -> None:
+    with pytest.raises(BadReference, match="HTTP 404 Not Found") as info:
         fetch(f"{server}/missing", limits(allow=True))
+    assert "no" not in str(info.value).replace("Not Found", "")
 
 
-def test_unresolvable_host_is_an_item_error() -> None:
+def test_unresolvable_host_is_an_item_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_such_host(*args: object, **kwargs: object) -> list[object]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)  # no DNS query leaves the machine
     with pytest.raises(BadReference, match="cannot resolve host"):
         fetch("http://no-such-host.invalid/a.png", limits(allow=False))
 
