@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("bait.errors")
+
+# Seconds a client should wait before retrying after a 503 (database or queue unreachable).
+RETRY_AFTER_SECONDS = 5
 
 
 class ErrorInfo(BaseModel):
@@ -27,10 +38,12 @@ class ServiceError(Exception):
     status_code = 400
     code = "bad_request"
 
-    def __init__(self, message: str, details: Any = None) -> None:
+    def __init__(self, message: str, details: Any = None, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
+        if code is not None:
+            self.code = code
 
 
 class BadRequest(ServiceError):
@@ -90,6 +103,10 @@ class DuplicateId(BadRequest):
     code = "duplicate_id"  # the same id twice in one request
 
 
+class InvalidId(BadRequest):
+    code = "invalid_id"  # a control character, `/`, a NUL byte or a lone surrogate in an item id
+
+
 class InvalidFile(BadRequest):
     code = "invalid_file"  # unreadable .npz/Parquet, missing columns, ragged lists, wrong dtype
 
@@ -102,10 +119,14 @@ class TooManyItems(PayloadTooLarge):
     code = "too_many_items"  # more than settings.max_items_per_request in one JSON request
 
 
-def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, details: Any = None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     body = ErrorBody(error=ErrorInfo(code=code, message=message, details=details))
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(status_code=status, content=body.model_dump(), headers=headers)
+    all_headers = dict(headers or {})
+    if status == 401:
+        all_headers.setdefault("WWW-Authenticate", "Bearer")
+    return JSONResponse(status_code=status, content=body.model_dump(), headers=all_headers or None)
 
 
 # Declared in each route's `responses=` so the OpenAPI shows the error body.
@@ -116,7 +137,19 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "Conflict with the current state"},
     413: {"model": ErrorBody, "description": "Body too large"},
     422: {"model": ErrorBody, "description": "Malformed payload"},
+    500: {"model": ErrorBody, "description": "Internal error (no details are given; the server logs them)"},
+    503: {"model": ErrorBody, "description": "Database or queue unreachable; retry after `Retry-After` seconds"},
 }
+# Routes that read a file body (bulk upload, stateless select) can also answer 415.
+UPLOAD_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    415: {"model": ErrorBody, "description": "Unsupported body format"},
+}
+
+
+def _is_outage(exc: DBAPIError) -> bool:
+    """A DBAPI error that means "the database is unreachable or busy", not "this request is wrong"."""
+    return isinstance(exc, OperationalError) or exc.connection_invalidated
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -132,6 +165,9 @@ def install_error_handlers(app: FastAPI) -> None:
         first = details[0] if details else {"loc": [], "msg": "invalid payload"}
         where = ".".join(str(p) for p in first["loc"] if p != "body")
         message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        if details and all(d["type"] == "invalid_string" for d in details):
+            # NUL bytes / lone surrogates: a well-formed payload with a value that cannot be stored.
+            return error_response(400, "invalid_string", message, details)
         return error_response(422, "validation_error", message, details)
 
     @app.exception_handler(StarletteHTTPException)
@@ -139,4 +175,41 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 413: "payload_too_large"}.get(
             exc.status_code, "http_error"
         )
-        return error_response(exc.status_code, code, str(exc.detail))
+        # Keep the exception's headers: 405 carries `Allow`, 401 `WWW-Authenticate`.
+        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(DBAPIError)
+    async def _database_error(req: Request, exc: DBAPIError) -> JSONResponse:
+        if _is_outage(exc):
+            log.warning("database unavailable on %s %s: %s", req.method, req.url.path, type(exc.orig).__name__)
+            return _unavailable("the database is unavailable")
+        return _internal(req, exc)
+
+    @app.exception_handler(PoolTimeoutError)
+    async def _pool_timeout(_req: Request, _exc: PoolTimeoutError) -> JSONResponse:
+        return _unavailable("the database is busy (no connection free)")
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _queue_error(req: Request, exc: Exception) -> JSONResponse:
+        log.warning("queue unavailable on %s %s: %s", req.method, req.url.path, type(exc).__name__)
+        return _unavailable("the job queue is unavailable")
+
+    @app.exception_handler(Exception)
+    async def _unhandled(req: Request, exc: Exception) -> JSONResponse:
+        return _internal(req, exc)
+
+
+def _unavailable(message: str) -> JSONResponse:
+    return error_response(
+        503,
+        "unavailable",
+        f"{message}; retry in {RETRY_AFTER_SECONDS} s",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+def _internal(req: Request, exc: Exception) -> JSONResponse:
+    # The exception's text can hold SQL, paths or data: logged here, never sent to the client.
+    log.error("unhandled error on %s %s", req.method, req.url.path, exc_info=exc)
+    return error_response(500, "internal_error", "internal error; the server has logged the details")

@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, StrictInt
 
+from service.api.schemas import RequestModel
 from service.deps import SessionDep, TenantDep
 from service.domain import batches as domain
 from service.errors import ERROR_RESPONSES
@@ -22,10 +23,8 @@ router = APIRouter(prefix="/v1/pools/{pool}/batches", tags=["batches"])
 BatchStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
-class BatchCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    size: int = Field(description="number of items to select (at most the unlabeled, unreserved count)")
+class BatchCreate(RequestModel):
+    size: StrictInt = Field(description="number of items to select (at most the unlabeled, unreserved count)")
     strategy: str = Field(default="bait", description="a strategy name; see GET /v1/strategies")
     params: dict[str, Any] = Field(default_factory=dict, description="strategy parameters, plus `seed`")
 

@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from service.api.schemas import RequestModel
 from service.config import Settings
 from service.deps import SessionDep, TenantDep
 from service.domain import checkpoints as domain
@@ -35,9 +36,7 @@ class CheckpointList(BaseModel):
     checkpoints: list[CheckpointOut]
 
 
-class PredictionsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PredictionsIn(RequestModel):
     item_ids: list[str] = Field(min_length=1, description="external ids of items of the pool")
 
 

@@ -11,8 +11,9 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from service.api.schemas import RequestModel
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import integrations as domain
 from service.errors import ERROR_RESPONSES, ErrorBody
@@ -27,9 +28,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-class LabelStudioConnect(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class LabelStudioConnect(RequestModel):
     url: str = Field(description="Label Studio's base URL, e.g. http://127.0.0.1:8080")
     token: str = Field(min_length=1, description="a Label Studio API token (legacy token or personal access token)")
     project_id: int = Field(ge=1, description="the Label Studio project to import batches into")

@@ -171,7 +171,7 @@ async def bulk_upload(
             fmt=fmt,
             id_column=id_column,
             embedding_column=embedding_column,
-            max_array_bytes=settings.max_upload_bytes,
+            max_inflated_bytes=settings.max_upload_inflated_bytes,
         )
     finally:
         fileobj.close()
