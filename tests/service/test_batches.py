@@ -105,7 +105,11 @@ def test_second_batch_counts_round_and_avoids_first_batch(
         ({"size": 5, "strategy": "fancy"}, 400, "unknown strategy 'fancy'; valid strategies: badge, bait,"),
         ({"size": 5, "strategy": "bait", "params": {"oversampel": 2}}, 400, "unknown parameter(s) 'oversampel'"),
         ({"size": 5, "strategy": "bait", "params": {"lam": "big"}}, 400, "'lam' of strategy 'bait' must be float"),
-        ({"size": 5, "strategy": "random", "params": {"seed": -1}}, 400, "'seed' must be >= 0"),
+        (
+            {"size": 5, "strategy": "random", "params": {"seed": -1}},
+            400,
+            "'seed' of strategy 'random' must be an integer in [0, 9223372036854775807]",
+        ),
         ({"size": "five", "strategy": "random"}, 422, "size"),
     ],
 )
