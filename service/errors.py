@@ -15,6 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger("bait.errors")
 
@@ -165,18 +166,24 @@ def install_error_handlers(app: FastAPI) -> None:
         first = details[0] if details else {"loc": [], "msg": "invalid payload"}
         where = ".".join(str(p) for p in first["loc"] if p != "body")
         message = f"{where}: {first['msg']}" if where else str(first["msg"])
-        if details and all(d["type"] == "invalid_string" for d in details):
+        if details and all(d["type"] in ("invalid_string", "string_unicode") for d in details):
             # NUL bytes / lone surrogates: a well-formed payload with a value that cannot be stored.
+            # (`string_unicode`: pydantic met a `\ud800`-style escape while parsing the raw JSON.)
+            if first["type"] == "string_unicode":
+                message = f"{where or 'a string'} contains a lone surrogate (not valid UTF-8)"
             return error_response(400, "invalid_string", message, details)
         return error_response(422, "validation_error", message, details)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 413: "payload_too_large"}.get(
             exc.status_code, "http_error"
         )
         # Keep the exception's headers: 405 carries `Allow`, 401 `WWW-Authenticate`.
-        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(req) or headers.get("Allow", "")
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(DBAPIError)
     async def _database_error(req: Request, exc: DBAPIError) -> JSONResponse:
@@ -198,6 +205,22 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unhandled(req: Request, exc: Exception) -> JSONResponse:
         return _internal(req, exc)
+
+
+def _allowed_methods(req: Request) -> str:
+    """Every method some route serves at this path (Starlette's own `Allow` names only the methods of the
+    first route that matches the path, e.g. POST alone for `/v1/pools`)."""
+    allowed = []
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {
+            "type": "http",
+            "path": req.scope["path"],
+            "root_path": req.scope.get("root_path", ""),
+            "method": method,
+        }
+        if any(route.matches(dict(scope))[0] == Match.FULL for route in req.app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
 
 
 def _unavailable(message: str) -> JSONResponse:
