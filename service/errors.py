@@ -136,8 +136,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or invalid API key"},
     404: {"model": ErrorBody, "description": "Not found (or belongs to another tenant)"},
     409: {"model": ErrorBody, "description": "Conflict with the current state"},
-    413: {"model": ErrorBody, "description": "Body too large"},
+    403: {"model": ErrorBody, "description": "The key lacks the scope this route needs"},
+    413: {"model": ErrorBody, "description": "Body too large, or it would inflate above the limit"},
     422: {"model": ErrorBody, "description": "Malformed payload"},
+    429: {"model": ErrorBody, "description": "Rate limit of the key exceeded; retry after `Retry-After` seconds"},
     500: {"model": ErrorBody, "description": "Internal error (no details are given; the server logs them)"},
     503: {"model": ErrorBody, "description": "Database or queue unreachable; retry after `Retry-After` seconds"},
 }

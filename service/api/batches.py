@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from pydantic import BaseModel, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from service.api.schemas import RequestModel
 from service.deps import SessionDep, TenantDep
@@ -24,6 +24,10 @@ BatchStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class BatchCreate(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"size": 20, "strategy": "bait", "params": {"seed": 0}}]}
+    )
+
     size: StrictInt = Field(description="number of items to select (at most the unlabeled, unreserved count)")
     strategy: str = Field(default="bait", description="a strategy name; see GET /v1/strategies")
     params: dict[str, Any] = Field(default_factory=dict, description="strategy parameters, plus `seed`")

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas import RequestModel
 from service.config import Settings
@@ -37,6 +37,8 @@ class CheckpointList(BaseModel):
 
 
 class PredictionsIn(RequestModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"item_ids": ["img-0001", "img-0002"]}]})
+
     item_ids: list[str] = Field(min_length=1, description="external ids of items of the pool")
 
 

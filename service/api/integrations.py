@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas import RequestModel
 from service.deps import SessionDep, SettingsDep, TenantDep
@@ -29,6 +29,13 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 class LabelStudioConnect(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"url": "http://127.0.0.1:8080", "token": "<label studio token>", "project_id": 1}]
+        },
+    )
+
     url: str = Field(description="Label Studio's base URL, e.g. http://127.0.0.1:8080")
     token: str = Field(min_length=1, description="a Label Studio API token (legacy token or personal access token)")
     project_id: int = Field(ge=1, description="the Label Studio project to import batches into")

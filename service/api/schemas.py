@@ -61,6 +61,21 @@ class HeadConfigIn(RequestModel):
 
 
 class PoolCreate(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "digits",
+                    "task": "classification",
+                    "classes": ["0", "1", "2"],
+                    "embedding_dim": 64,
+                    "head": {"kind": "mlp", "hidden": 128},
+                }
+            ]
+        },
+    )
+
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
     task: Literal["classification", "regression"]
     classes: list[Annotated[str, StringConstraints(min_length=1, max_length=200)]] | None = Field(
@@ -133,6 +148,8 @@ class EncoderConfigIn(RequestModel):
 
 
 class PoolPatch(RequestModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"encoder": {"kind": "text-minilm"}}]})
+
     encoder: EncoderConfigIn | None = Field(
         description="the new encoder (null: none); items given by reference are embedded again"
     )
@@ -181,6 +198,20 @@ class ItemIn(RequestModel):
 
 
 class ItemsUpsert(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "items": [
+                        {"id": "img-0001", "embedding": [0.1, 0.2, 0.3]},
+                        {"id": "doc-7", "text": "a sentence to embed"},
+                    ]
+                }
+            ]
+        },
+    )
+
     items: list[ItemIn] = Field(min_length=1)
 
 
@@ -231,6 +262,11 @@ class LabelIn(RequestModel):
 
 
 class LabelsPut(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"labels": [{"item_id": "img-0001", "label": "cat"}], "annotator": "alice"}]},
+    )
+
     labels: list[LabelIn] = Field(min_length=1)
     annotator: Annotated[str, StringConstraints(max_length=200)] | None = Field(
         default=None, description="default annotator of every label without its own"

@@ -21,7 +21,7 @@ from service.config import Settings
 from service.deps import SessionDep, TenantDep
 from service.domain import archives, strategies
 from service.domain import select as domain
-from service.errors import ERROR_RESPONSES, BadRequest, UnsupportedMediaType
+from service.errors import ERROR_RESPONSES, UPLOAD_ERROR_RESPONSES, BadRequest, UnsupportedMediaType
 from service.textcheck import find_bad_text
 
 router = APIRouter(tags=["select"])
@@ -55,6 +55,67 @@ class SelectOut(BaseModel):
     error_type: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+class SelectRequest(BaseModel):
+    """The JSON form of POST /v1/select (documentation: the route parses the body itself, off the event loop)."""
+
+    strategy: str = Field(description="a strategy name; see GET /v1/strategies")
+    batch_size: int = Field(ge=1, description="number of rows to select")
+    task: str = Field(default="classification", description="classification or regression")
+    embeddings: list[list[float]] = Field(description="n x d matrix, one row per candidate")
+    probs: list[list[float]] | None = Field(
+        default=None, description="n x k class probabilities (classification strategies that use them)"
+    )
+    labeled: list[int] | None = Field(default=None, description="row indices already labeled (0-based)")
+    reserved: list[int] | None = Field(default=None, description="row indices never to select")
+    params: dict[str, Any] = Field(default_factory=dict, description="strategy parameters, plus `seed`")
+
+
+_SELECT_EXAMPLE = {
+    "strategy": "bait",
+    "batch_size": 2,
+    "task": "classification",
+    "embeddings": [[0.1, 0.2], [0.4, -0.3], [1.0, 0.5], [-0.7, 0.9]],
+    "probs": [[0.9, 0.1], [0.4, 0.6], [0.5, 0.5], [0.2, 0.8]],
+    "labeled": [0],
+    "params": {"seed": 0},
+}
+
+_SELECT_BODY_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "JSON (the arrays as nested lists), or multipart/form-data with an .npz file field `arrays` "
+            "(numpy.savez: `embeddings` n x d, optional `probs` n x k, `labeled` and `reserved` 1-D int) and the "
+            "other fields as form fields (`params` as a JSON string). The .npz may inflate to at most "
+            "`max_select_inflated_bytes` (413 above it, checked before inflating)."
+        ),
+        "content": {
+            "application/json": {
+                "schema": SelectRequest.model_json_schema(),
+                "example": _SELECT_EXAMPLE,
+            },
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "arrays": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": ".npz with `embeddings`, optional `probs`, `labeled`, `reserved`",
+                        },
+                        "strategy": {"type": "string"},
+                        "batch_size": {"type": "integer", "minimum": 1},
+                        "task": {"type": "string", "enum": ["classification", "regression"]},
+                        "params": {"type": "string", "description": 'JSON object, e.g. {"seed": 0}'},
+                    },
+                    "required": ["arrays", "strategy", "batch_size"],
+                }
+            },
+        },
+    }
+}
 
 
 def _load_npz(fileobj: IO[bytes], budget: int) -> dict[str, np.ndarray]:
@@ -130,7 +191,8 @@ async def _parse(request: Request, settings: Settings) -> domain.SelectInput:
 @router.post(
     "/v1/select",
     response_model=SelectOut,
-    responses={**ERROR_RESPONSES, 202: {"model": SelectOut, "description": "Large request: a job to poll"}},
+    responses={**UPLOAD_ERROR_RESPONSES, 202: {"model": SelectOut, "description": "Large request: a job to poll"}},
+    openapi_extra=_SELECT_BODY_DOC,
 )
 async def select(request: Request, response: Response, session: SessionDep, tenant: TenantDep) -> SelectOut:
     """Select `batch_size` rows of the given arrays. Answers 200 with `indices` when

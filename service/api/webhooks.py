@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas import RequestModel
 from service.deps import SessionDep, SettingsDep, TenantDep
@@ -24,6 +24,11 @@ Event = Literal["batch.succeeded", "batch.failed"]
 
 
 class WebhookCreate(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"url": "https://hooks.example.com/bait", "events": ["batch.succeeded"]}]},
+    )
+
     url: str = Field(description="http(s) URL that receives a signed POST per event")
     events: list[Event] = Field(default=["batch.succeeded", "batch.failed"], min_length=1)
     secret: str | None = Field(default=None, description="signing secret (16+ characters); generated when left out")
