@@ -16,33 +16,20 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.main import create_app
-from tests.e2e.procs import free_port
 from tests.service.bombs import MIB, bomb_npz, zeros_npz
+from tests.service.live import serve_in_thread
 
 HEALTH_DEADLINE_S = 1.0
 
 
 @pytest.fixture
 def live(settings: Settings, db: sessionmaker[Session]) -> Iterator[str]:
-    """The app served by uvicorn in a thread of this process, on a free port of 127.0.0.1."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with serve_in_thread(create_app(settings)) as base:
+        yield base
 
 
 def health_while(base: str, send: Callable[[], httpx.Response]) -> tuple[httpx.Response, list[float]]:
