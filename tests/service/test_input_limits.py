@@ -230,7 +230,7 @@ def test_id_with_a_slash_is_refused_in_labels(
     resp = client.put(
         f"/v1/pools/{pool['id']}/labels", json={"labels": [{"item_id": "a/b", "label": "cat"}]}, headers=auth
     )
-    assert resp.status_code in (400, 404), resp.text  # never stored: it cannot name an item of the pool
+    assert_error(resp, 400, "invalid_id", "item_id", "'/'")
     assert counts(db) == before
 
 
