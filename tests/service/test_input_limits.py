@@ -326,11 +326,21 @@ def test_head_above_the_parameter_budget_is_422_naming_it(
 # ------------------------------------------------------------------------------ 405, 500, 503
 
 
-def test_405_has_an_allow_header(client: TestClient, auth: Auth) -> None:
-    resp = client.put("/v1/pools", json={}, headers=auth)
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/pools", {"GET", "POST"}),
+        ("POST", "/v1/pools/some-pool", {"GET", "PATCH", "DELETE"}),
+        ("GET", "/v1/select", {"POST"}),
+        ("DELETE", "/healthz", {"GET"}),
+    ],
+)
+def test_405_has_an_allow_header_with_every_method_of_the_path(
+    client: TestClient, auth: Auth, method: str, path: str, allow: set[str]
+) -> None:
+    resp = client.request(method, path, headers=auth)
     assert_error(resp, 405, "method_not_allowed")
-    allowed = {m.strip() for m in resp.headers["allow"].split(",")}
-    assert allowed == {"GET", "POST"}
+    assert {m.strip() for m in resp.headers["allow"].split(",")} == allow
 
 
 def test_an_unhandled_exception_is_a_json_500_without_its_text(
