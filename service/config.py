@@ -28,6 +28,17 @@ class Settings(BaseSettings):
     device: str = Field(default="auto", description="worker device: auto (CUDA when present), cpu, cuda, cuda:N")
     max_json_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest JSON request body")
     max_upload_bytes: int = Field(default=2 * 2**30, ge=1024, description="largest bulk upload (.npy/.npz/Parquet)")
+    max_upload_inflated_bytes: int = Field(
+        default=2 * 2**30,
+        ge=1024,
+        description="largest size a bulk upload may inflate to (.npz members, Parquet columns): 413 above it, "
+        "checked before inflating",
+    )
+    max_select_inflated_bytes: int = Field(
+        default=2**30,
+        ge=1024,
+        description="largest size the .npz of a POST /v1/select may inflate to: 413 above it, checked before inflating",
+    )
     max_items_per_request: int = Field(default=100_000, ge=1, description="items or labels in one JSON request")
     reservation_ttl_seconds: int = Field(default=24 * 3600, ge=1, description="how long batch items stay reserved")
     sync_select_max_cells: int = Field(

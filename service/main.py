@@ -24,6 +24,7 @@ from service.middleware import UPLOAD_PATHS, BodySizeLimitMiddleware
 from service.migrate import check_schema
 from service.queue import make_queue
 from service.ratelimit import KeyRateLimiter
+from service.textcheck import InvalidTextMiddleware
 
 
 def create_app(settings: Settings | None = None, *, check_migrations: bool = True) -> FastAPI:
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
         max_upload_bytes=settings.max_upload_bytes,
         upload_paths=(*UPLOAD_PATHS, encoders_api.UPLOAD_PATH),
     )
+    app.add_middleware(InvalidTextMiddleware)  # NUL/control characters in the URL: 400 before any route
     app.state.metrics = Metrics(factory)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

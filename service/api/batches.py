@@ -10,9 +10,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from service.api.schemas import Attempt
+from service.api.schemas import Attempt, RequestModel
 from service.deps import RetryOnConflict, SessionDep, TenantDep
 from service.domain import batches as domain
 from service.errors import ERROR_RESPONSES
@@ -23,10 +23,12 @@ router = APIRouter(prefix="/v1/pools/{pool}/batches", tags=["batches"], route_cl
 BatchStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
-class BatchCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BatchCreate(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"size": 20, "strategy": "bait", "params": {"seed": 0}}]}
+    )
 
-    size: int = Field(description="number of items to select (at most the unlabeled, unreserved count)")
+    size: StrictInt = Field(description="number of items to select (at most the unlabeled, unreserved count)")
     strategy: str = Field(default="bait", description="a strategy name; see GET /v1/strategies")
     params: dict[str, Any] = Field(default_factory=dict, description="strategy parameters, plus `seed`")
 

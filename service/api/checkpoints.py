@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.schemas import RequestModel
 from service.config import Settings
 from service.deps import SessionDep, TenantDep
 from service.domain import checkpoints as domain
@@ -35,8 +36,8 @@ class CheckpointList(BaseModel):
     checkpoints: list[CheckpointOut]
 
 
-class PredictionsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PredictionsIn(RequestModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"item_ids": ["img-0001", "img-0002"]}]})
 
     item_ids: list[str] = Field(min_length=1, description="external ids of items of the pool")
 

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.schemas import RequestModel
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import integrations as domain
 from service.errors import ERROR_RESPONSES, ErrorBody
@@ -27,8 +28,13 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-class LabelStudioConnect(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LabelStudioConnect(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"url": "http://127.0.0.1:8080", "token": "<label studio token>", "project_id": 1}]
+        },
+    )
 
     url: str = Field(description="Label Studio's base URL, e.g. http://127.0.0.1:8080")
     token: str = Field(min_length=1, description="a Label Studio API token (legacy token or personal access token)")

@@ -17,7 +17,7 @@ from service.domain import ingest
 from service.domain import items as items_domain
 from service.domain import quality as quality_domain
 from service.domain.pools import get_pool
-from service.errors import ERROR_RESPONSES, ErrorBody, InvalidFile
+from service.errors import ERROR_RESPONSES, UPLOAD_ERROR_RESPONSES, ErrorBody, InvalidFile
 from service.store.embedding import EmbeddingInfo
 from service.store.items import ItemRow
 from service.store.models import Pool
@@ -25,7 +25,7 @@ from service.store.models import Pool
 router = APIRouter(prefix="/v1/pools", tags=["items"])
 
 UPLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **ERROR_RESPONSES,
+    **UPLOAD_ERROR_RESPONSES,
     415: {"model": ErrorBody, "description": "Not an .npz or Parquet file"},
 }
 # Bodies above this stay in memory while they stream in; larger ones spill to a temporary file.
@@ -183,7 +183,7 @@ async def bulk_upload(
             fmt=fmt,
             id_column=id_column,
             embedding_column=embedding_column,
-            max_array_bytes=settings.max_upload_bytes,
+            max_inflated_bytes=settings.max_upload_inflated_bytes,
             split=split,
         )
     finally:

@@ -99,6 +99,20 @@ def _setup(session: Session, integration: Integration) -> SetupOut:
     return SetupOut(model_version=domain.model_version(session, integration))
 
 
+# Label Studio's webhook payload (read by the route itself): {"action": "ANNOTATION_CREATED", "task": {...}, ...}.
+_WEBHOOK_BODY_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"type": "object", "additionalProperties": True},
+                "example": {"action": "ANNOTATION_CREATED", "task": {"id": 1}, "annotation": {"id": 1, "result": []}},
+            }
+        },
+    }
+}
+
+
 # -------------------------------------------------------------------------- secret in the URL
 
 
@@ -121,7 +135,7 @@ def predict(
     return PredictOut(results=[Prediction(**r) for r in results])
 
 
-@router.post("/{secret}/webhook", responses=ERROR_RESPONSES)
+@router.post("/{secret}/webhook", responses=ERROR_RESPONSES, openapi_extra=_WEBHOOK_BODY_DOC)
 async def webhook(integration_id: str, secret: str, request: Request) -> dict[str, Any]:
     return await _webhook(request, integration_id, secret)
 
@@ -157,7 +171,7 @@ def predict_basic(
     return PredictOut(results=[Prediction(**r) for r in results])
 
 
-@router.post("/webhook", responses=ERROR_RESPONSES)
+@router.post("/webhook", responses=ERROR_RESPONSES, openapi_extra=_WEBHOOK_BODY_DOC)
 async def webhook_basic(
     integration_id: str, request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> dict[str, Any]:

@@ -3,24 +3,48 @@ pool (dimension, classes, task) live in the domain functions."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from service.textcheck import find_bad_text
 
 ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 # Numbers only (no "1.5" strings); NaN/Infinity literals parse but are rejected by the domain check.
 Number = StrictFloat | StrictInt
 
 
-class _Strict(BaseModel):
+# Budgets of a pool's model head (checked at pool creation, documented in the README's "Input limits"):
+# a worker trains it and every round stores a checkpoint of it, so its size is bounded up front.
+MAX_CLASSES = 10_000
+MAX_OUTPUTS = 10_000
+MAX_HEAD_PARAMETERS = 20_000_000  # 80 MB of float32 weights per checkpoint
+
+
+class RequestModel(BaseModel):
+    """Request models: unknown fields refused, and every string (values and keys, nested ones too) free of
+    NUL bytes and lone surrogates (400 ``invalid_string``; see service/textcheck.py)."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _storable_text(self) -> Self:
+        for name in type(self).model_fields:
+            found = find_bad_text(getattr(self, name), (name,))
+            if found is not None:
+                path, problem = found
+                where = ".".join(str(p) for p in path)
+                raise PydanticCustomError("invalid_string", "{where} {problem}", {"where": where, "problem": problem})
+        return self
 
 
 # ---------------------------------------------------------------------------------------------- pools
 
 
-class HeadConfigIn(_Strict):
+class HeadConfigIn(RequestModel):
     """Model head trained on the embeddings by the worker (see selection.heads.HeadConfig)."""
 
     kind: Literal["linear", "mlp"] = "mlp"
@@ -36,13 +60,32 @@ class HeadConfigIn(_Strict):
     dtype: Literal["float32", "float64"] | None = None
 
 
-class PoolCreate(_Strict):
+class PoolCreate(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "digits",
+                    "task": "classification",
+                    "classes": ["0", "1", "2"],
+                    "embedding_dim": 64,
+                    "head": {"kind": "mlp", "hidden": 128},
+                }
+            ]
+        },
+    )
+
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
     task: Literal["classification", "regression"]
     classes: list[Annotated[str, StringConstraints(min_length=1, max_length=200)]] | None = Field(
-        default=None, description="class names (classification, at least 2, unique)", max_length=100_000
+        default=None,
+        description=f"class names (classification, 2 to {MAX_CLASSES}, unique)",
+        max_length=MAX_CLASSES,
     )
-    n_outputs: int | None = Field(default=None, ge=1, le=100_000, description="number of targets (regression)")
+    n_outputs: int | None = Field(
+        default=None, ge=1, le=MAX_OUTPUTS, description=f"number of targets (regression, at most {MAX_OUTPUTS})"
+    )
     embedding_dim: int = Field(ge=1, le=65536)
     head: HeadConfigIn = Field(default_factory=HeadConfigIn)
     encoder: EncoderConfigIn | None = Field(default=None, description="for items given by uri/text")
@@ -57,7 +100,7 @@ class PoolCreate(_Strict):
                 raise ValueError("a classification pool takes `classes`, not `n_outputs`")
             if self.classes is None or len(self.classes) < 2:
                 raise ValueError("a classification pool needs `classes`: at least 2 class names")
-            dupes = sorted({c for c in self.classes if self.classes.count(c) > 1})
+            dupes = sorted(c for c, n in Counter(self.classes).items() if n > 1)  # linear, not count() per class
             if dupes:
                 raise ValueError(f"class names must be unique; repeated: {dupes[:10]}")
         else:
@@ -65,6 +108,16 @@ class PoolCreate(_Strict):
                 raise ValueError("a regression pool takes `n_outputs`, not `classes`")
             if self.n_outputs is None:
                 raise ValueError("a regression pool needs `n_outputs` (number of targets, >= 1)")
+        outputs = len(self.classes) if self.classes is not None else (self.n_outputs or 1)
+        d, h = self.embedding_dim, self.head.hidden
+        n_params = d * outputs + outputs if self.head.kind == "linear" else d * h + h + h * outputs + outputs
+        if n_params > MAX_HEAD_PARAMETERS:
+            raise ValueError(
+                f"the {self.head.kind} head would have {n_params:,} parameters (embedding_dim {d}, "
+                + (f"hidden {h}, " if self.head.kind == "mlp" else "")
+                + f"{outputs} outputs), above the budget of {MAX_HEAD_PARAMETERS:,}: use fewer hidden units, "
+                "a smaller embedding or fewer classes"
+            )
         return self
 
 
@@ -80,7 +133,7 @@ class ValidationCounts(BaseModel):
     labeled: int = Field(description="labeled validation items: they score every head")
 
 
-class ValidationConfigIn(_Strict):
+class ValidationConfigIn(RequestModel):
     """Hold out a fraction of incoming labels at random: an item's first label sends it to the validation
     split with probability `fraction` (a reproducible draw from `seed` and the item id)."""
 
@@ -94,7 +147,7 @@ class EmbeddingCounts(BaseModel):
     error: int = Field(description="items whose reference could not be encoded (see embedding_error)")
 
 
-class EncoderConfigIn(_Strict):
+class EncoderConfigIn(RequestModel):
     """The encoder that turns a pool's data references (uri/text) into embeddings."""
 
     kind: Literal["identity", "text-minilm", "torchscript"] = Field(
@@ -110,7 +163,9 @@ class EncoderConfigIn(_Strict):
         return self
 
 
-class PoolPatch(_Strict):
+class PoolPatch(RequestModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"encoder": {"kind": "text-minilm"}}]})
+
     encoder: EncoderConfigIn | None = Field(
         default=None, description="the new encoder (null: none); items given by reference are embedded again"
     )
@@ -144,7 +199,7 @@ class PoolList(BaseModel):
 # ---------------------------------------------------------------------------------------------- items
 
 
-class ItemIn(_Strict):
+class ItemIn(RequestModel):
     """An item given by its embedding, or by a reference that the pool's encoder turns into one."""
 
     id: ExternalId
@@ -168,7 +223,21 @@ class ItemIn(_Strict):
         return self
 
 
-class ItemsUpsert(_Strict):
+class ItemsUpsert(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "items": [
+                        {"id": "img-0001", "embedding": [0.1, 0.2, 0.3]},
+                        {"id": "doc-7", "text": "a sentence to embed"},
+                    ]
+                }
+            ]
+        },
+    )
+
     items: list[ItemIn] = Field(min_length=1)
 
 
@@ -206,7 +275,7 @@ class ItemPage(BaseModel):
 # --------------------------------------------------------------------------------------------- labels
 
 
-class LabelIn(_Strict):
+class LabelIn(RequestModel):
     item_id: ExternalId
     label: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     target: list[Number] | None = None
@@ -219,7 +288,12 @@ class LabelIn(_Strict):
         return self
 
 
-class LabelsPut(_Strict):
+class LabelsPut(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"labels": [{"item_id": "img-0001", "label": "cat"}], "annotator": "alice"}]},
+    )
+
     labels: list[LabelIn] = Field(min_length=1)
     annotator: Annotated[str, StringConstraints(max_length=200)] | None = Field(
         default=None, description="default annotator of every label without its own"
@@ -245,7 +319,7 @@ class LabelHistory(BaseModel):
 # ------------------------------------------------------------------------------------------- encoders
 
 
-class TorchScriptInputConfig(_Strict):
+class TorchScriptInputConfig(RequestModel):
     """How the worker decodes inputs for an uploaded TorchScript module (stored with it)."""
 
     input: Literal["image", "array"] = Field(

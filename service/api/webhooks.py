@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.schemas import RequestModel
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import webhooks as domain
 from service.errors import ERROR_RESPONSES
@@ -22,8 +23,11 @@ router = APIRouter(prefix="/v1/pools/{pool}/webhooks", tags=["webhooks"])
 Event = Literal["batch.succeeded", "batch.failed"]
 
 
-class WebhookCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WebhookCreate(RequestModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"url": "https://hooks.example.com/bait", "events": ["batch.succeeded"]}]},
+    )
 
     url: str = Field(description="http(s) URL that receives a signed POST per event")
     events: list[Event] = Field(default=["batch.succeeded", "batch.failed"], min_length=1)

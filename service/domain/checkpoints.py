@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -37,7 +38,7 @@ def check_predictions(session: Session, settings: Settings, tenant_id: str, pool
     pool = get_pool(session, tenant_id, pool_id)
     if len(item_ids) > settings.max_items_per_request:
         raise PayloadTooLarge(f"{len(item_ids)} item ids in one request; the limit is {settings.max_items_per_request}")
-    dupes = sorted({i for i in item_ids if item_ids.count(i) > 1}) if len(set(item_ids)) != len(item_ids) else []
+    dupes = sorted(i for i, n in Counter(item_ids).items() if n > 1)  # linear, not count() per id
     if dupes:
         raise BadRequest(f"item ids repeated in the request: {dupes[:10]}", details={"duplicates": dupes[:100]})
     found = store.existing_external_ids(session, pool.id, item_ids)

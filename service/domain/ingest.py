@@ -6,14 +6,13 @@ with the file itself is an :class:`InvalidFile` (400) naming what is wrong; an u
 
 from __future__ import annotations
 
-import zipfile
 from typing import IO, Literal, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from service.domain import archives
 from service.errors import InvalidFile, UnsupportedMediaType
 
 FileFormat = Literal["npz", "parquet"]
@@ -56,37 +55,26 @@ def detect_format(head: bytes, content_type: str | None, filename: str | None, e
 
 
 def parse(
-    fmt: FileFormat, fileobj: IO[bytes], id_column: str | None, embedding_column: str | None, max_array_bytes: int
+    fmt: FileFormat, fileobj: IO[bytes], id_column: str | None, embedding_column: str | None, max_inflated_bytes: int
 ) -> tuple[list[str], np.ndarray]:
+    """``(ids, embeddings)`` of a bulk file, inflated within ``max_inflated_bytes`` (413 above it)."""
     default_ids, default_emb = DEFAULT_COLUMNS[fmt]
     ids_name, emb_name = id_column or default_ids, embedding_column or default_emb
     if fmt == "npz":
-        return parse_npz(fileobj, ids_name, emb_name, max_array_bytes)
-    return parse_parquet(fileobj, ids_name, emb_name)
+        return parse_npz(fileobj, ids_name, emb_name, max_inflated_bytes)
+    return parse_parquet(fileobj, ids_name, emb_name, max_inflated_bytes)
 
 
-def parse_npz(fileobj: IO[bytes], ids_name: str, emb_name: str, max_array_bytes: int) -> tuple[list[str], np.ndarray]:
-    """Read ``ids`` (1-D str array) and ``embeddings`` (2-D float32/float64 array) from an .npz."""
-    try:
-        npz = np.load(fileobj, allow_pickle=False)
-    except Exception as exc:
-        raise InvalidFile(f"not a readable .npz file: {exc}") from exc
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise InvalidFile("expected an .npz archive (np.savez), got a single array")
-    with npz:
-        for name in (ids_name, emb_name):
-            if name not in npz.files:
-                raise InvalidFile(f".npz has no array {name!r} (arrays in the file: {npz.files})", {"missing": name})
-            # Refuse decompression bombs before inflating: the zip header gives the uncompressed size.
-            size = npz.zip.getinfo(name + ".npy").file_size if npz.zip is not None else 0
-            if size > max_array_bytes:
-                raise InvalidFile(f"array {name!r} inflates to {size} bytes, above the limit of {max_array_bytes}")
-        try:
-            ids_arr = npz[ids_name]
-            emb = npz[emb_name]
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-            # allow_pickle=False makes object arrays a ValueError
-            raise InvalidFile(f"cannot read the arrays of the .npz: {exc}") from exc
+def parse_npz(
+    fileobj: IO[bytes], ids_name: str, emb_name: str, max_inflated_bytes: int
+) -> tuple[list[str], np.ndarray]:
+    """Read ``ids`` (1-D str array) and ``embeddings`` (2-D float32/float64 array) from an .npz; the sizes
+    the archive declares are checked against ``max_inflated_bytes`` before anything is inflated."""
+    arrays = archives.read_npz(fileobj, budget=max_inflated_bytes, names=[ids_name, emb_name])
+    for name in (ids_name, emb_name):
+        if name not in arrays:
+            raise InvalidFile(f".npz has no array {name!r}", {"missing": name})
+    ids_arr, emb = arrays[ids_name], arrays[emb_name]
     if ids_arr.ndim != 1:
         raise InvalidFile(f"array {ids_name!r} must be 1-D, got shape {list(ids_arr.shape)}")
     if ids_arr.dtype.kind == "U":
@@ -107,19 +95,12 @@ def parse_npz(fileobj: IO[bytes], ids_name: str, emb_name: str, max_array_bytes:
     return ids, emb
 
 
-def parse_parquet(fileobj: IO[bytes], id_col: str, emb_col: str) -> tuple[list[str], np.ndarray]:
-    """Read a string ``id`` column and a list<float> ``embedding`` column (all rows of one length)."""
-    try:
-        pf = pq.ParquetFile(fileobj)
-        names = pf.schema_arrow.names
-        for name in (id_col, emb_col):
-            if name not in names:
-                raise InvalidFile(f"Parquet file has no column {name!r} (columns: {names})", {"missing": name})
-        table = pf.read(columns=[id_col, emb_col])
-    except InvalidFile:
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InvalidFile(f"not a readable Parquet file: {exc}") from exc
+def parse_parquet(
+    fileobj: IO[bytes], id_col: str, emb_col: str, max_inflated_bytes: int
+) -> tuple[list[str], np.ndarray]:
+    """Read a string ``id`` column and a list<float> ``embedding`` column (all rows of one length), row
+    group by row group within ``max_inflated_bytes`` decoded bytes."""
+    table = archives.read_parquet_columns(fileobj, [id_col, emb_col], budget=max_inflated_bytes)
     ids_col = table.column(id_col)
     if not (pa.types.is_string(ids_col.type) or pa.types.is_large_string(ids_col.type)):
         raise InvalidFile(f"column {id_col!r} must be strings, got {ids_col.type}")

@@ -16,20 +16,30 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from service.domain import ingest
-from service.errors import DuplicateId, InvalidCursor, InvalidEmbedding, NotFound, TooManyItems, ValidationFailed
+from service.errors import (
+    DuplicateId,
+    InvalidCursor,
+    InvalidEmbedding,
+    InvalidId,
+    NotFound,
+    TooManyItems,
+    ValidationFailed,
+)
 from service.store import embedding as embedding_repo
 from service.store import items as items_repo
 from service.store import quality as quality_repo
 from service.store.embedding import EmbeddingInfo
 from service.store.items import ItemRow
 from service.store.models import Pool
+from service.textcheck import id_problem
 
 MAX_EXTERNAL_ID_LENGTH = 512
 _SHOWN = 10  # offending ids listed in an error's details
 
 
 def check_ids(ids: Sequence[str], what: str = "id") -> None:
-    """Ids must be non-empty strings of at most 512 characters, each once per request."""
+    """Ids must be non-empty strings of at most 512 characters without control characters or `/` (see
+    service/textcheck.py), each once per request."""
     bad = [i for i in ids if not isinstance(i, str) or not i or len(i) > MAX_EXTERNAL_ID_LENGTH]
     if bad:
         raise ValidationFailed(
@@ -37,6 +47,10 @@ def check_ids(ids: Sequence[str], what: str = "id") -> None:
             f"({len(bad)} are not, e.g. {str(bad[0])[:80]!r})",
             {"invalid": [str(b)[:80] for b in bad[:_SHOWN]]},
         )
+    for i in ids:
+        problem = id_problem(i)
+        if problem is not None:
+            raise InvalidId(f"{what} {i[:80]!r} {problem}", {"invalid": i[:80].encode("utf-8", "replace").decode()})
     if len(set(ids)) != len(ids):
         dupes = [i for i, c in Counter(ids).items() if c > 1]
         raise DuplicateId(
@@ -105,12 +119,12 @@ def upsert_file(
     fmt: ingest.FileFormat,
     id_column: str | None,
     embedding_column: str | None,
-    max_array_bytes: int,
+    max_inflated_bytes: int,
     split: str | None = None,
 ) -> tuple[int, int]:
     """Upsert the items of an .npz or Parquet file; returns ``(created, updated)``. With ``split``, every
     item of the file is put in that split (``train`` | ``validation``)."""
-    ids, emb = ingest.parse(fmt, fileobj, id_column, embedding_column, max_array_bytes)
+    ids, emb = ingest.parse(fmt, fileobj, id_column, embedding_column, max_inflated_bytes)
     if not ids:
         raise ingest.InvalidFile("the file holds no items")
     check_ids(ids)

@@ -91,11 +91,12 @@ def validate(inp: SelectInput) -> tuple[dict[str, Any], dict[str, np.ndarray], i
     """Check a request; returns the job's request fields, its arrays and its size in cells."""
     if inp.task not in TASKS:
         raise BadRequest(f"task must be one of {', '.join(TASKS)}, got {inp.task!r}")
-    spec, params = strategies.check_request(inp.strategy, inp.task, inp.params)
+    strategies.check_request(inp.strategy, inp.task, inp.params)  # name, task, params: before the arrays
     if "embeddings" not in inp.arrays:
         raise BadRequest("embeddings are required (an n x d array)")
     X = _as_matrix("embeddings", inp.arrays["embeddings"])
     n, d = X.shape
+    spec, params = strategies.check_request(inp.strategy, inp.task, inp.params, d)
     arrays: dict[str, np.ndarray] = {"embeddings": X}
     k = 1
     probs = inp.arrays.get("probs")

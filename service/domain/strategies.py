@@ -173,12 +173,13 @@ def _literal_values(part: str) -> tuple[Any, ...]:
     return tuple(inner)
 
 
-def check_request(name: Any, task: str, params: Any) -> tuple[StrategySpec, dict[str, Any]]:
+def check_request(name: Any, task: str, params: Any, dim: int | None = None) -> tuple[StrategySpec, dict[str, Any]]:
     """Validate a strategy request for a task; returns the spec and the parameters.
 
     Raises:
         BadRequest: unknown strategy (lists the valid ones), strategy not for ``task`` (lists those that
-            are), params not an object, unknown parameter (lists the valid ones), parameter of the wrong type.
+            are), params not an object, unknown parameter (lists the valid ones), parameter of the wrong type
+            or out of its range (``lam <= 0``, a seed outside [0, 2^63), ``approx_dim`` above ``dim``...).
     """
     spec = get(name)
     if task not in spec.tasks:
@@ -208,10 +209,51 @@ def check_request(name: Any, task: str, params: Any) -> tuple[StrategySpec, dict
                 f"parameter {key!r} of strategy {spec.name!r} must be {annotation}, got {value!r}",
                 details={"param": key, "expected": annotation},
             )
-    seed = params.get("seed")
-    if seed is not None and seed < 0:
-        raise BadRequest(f"parameter 'seed' must be >= 0, got {seed}")
+    for key, value in params.items():
+        problem = _value_problem(key, value, params)
+        if problem is not None:
+            raise BadRequest(
+                f"parameter {key!r} of strategy {spec.name!r} {problem}, got {value!r}",
+                details={"param": key},
+            )
+    approx_dim = params.get("approx_dim")
+    if dim is not None and approx_dim is not None and approx_dim > dim:
+        raise BadRequest(
+            f"parameter 'approx_dim' of strategy {spec.name!r} must be at most the embedding dimension {dim}, "
+            f"got {approx_dim}",
+            details={"param": "approx_dim"},
+        )
     return spec, dict(params)
+
+
+SEED_MAX = 2**63 - 1  # seeds are stored as signed 64-bit integers and fed to torch/numpy generators
+CONVENTIONS = ("reference", "paper", "sum")
+APPROXIMATIONS = (None, "pca")
+
+
+def _value_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | None:
+    """What the library would reject later about one (well-typed) parameter value, checked before the
+    job is queued so a bad request is a 400, never a failed job. ``None`` when the value is fine."""
+    if value is None:
+        return None
+    if key == "seed" and not 0 <= value <= SEED_MAX:
+        return f"must be an integer in [0, {SEED_MAX}]"
+    if key in ("lam", "max_memory_gb") and not value > 0:
+        return "must be a finite number > 0"
+    if key == "max_memory_gb" and value > 1024:
+        return "must be at most 1024 (GB)"
+    if key == "oversample" and not 1 <= value <= 100:
+        return "must be a number in [1, 100]"
+    if key == "convention" and value not in CONVENTIONS:
+        return f"must be one of {', '.join(CONVENTIONS)}"
+    if key == "approx" and value not in APPROXIMATIONS:
+        return "must be null (exact) or 'pca'"
+    if key == "approx_dim":
+        if params.get("approx") is None:
+            return "is only used with approx='pca'"
+        if not 1 <= value <= 65536:
+            return "must be an integer in [1, 65536] (and at most the embedding dimension)"
+    return None
 
 
 def split_seed(params: Mapping[str, Any]) -> tuple[int | None, dict[str, Any]]:

@@ -196,7 +196,7 @@ def test_bulk_rejects_object_arrays_without_unpickling(
     client: TestClient, auth: Auth, db: sessionmaker[Session]
 ) -> None:
     body = npz_bytes(ids=np.array(["a", "b"], dtype=object), embeddings=embeddings(2))
-    _rejected(client, auth, db, body, 400, "invalid_file", "cannot read")
+    _rejected(client, auth, db, body, 400, "invalid_file", "pickles are refused")
 
 
 def test_bulk_rejects_row_count_mismatch(client: TestClient, auth: Auth, db: sessionmaker[Session]) -> None:
@@ -257,11 +257,12 @@ def test_bulk_rejects_npz_that_inflates_beyond_the_limit(
     auth: Auth,
     db: sessionmaker[Session],  # type: ignore[no-untyped-def]
 ) -> None:
-    client = limited_client(max_upload_bytes=8192)
+    client = limited_client(max_upload_inflated_bytes=8192)
     pool = make_pool(client, auth)
     body = npz_bytes(True, ids=np.array(ids_of(1000)), embeddings=np.zeros((1000, 4), dtype=np.float32))
     assert len(body) < 8192
-    assert_error(bulk(client, auth, pool["id"], body), 400, "invalid_file", "inflates")
+    err = assert_error(bulk(client, auth, pool["id"], body), 413, "payload_too_large", "inflates", "8,192")
+    assert err["details"]["limit_bytes"] == 8192
     assert item_rows(db, pool["id"]) == {}
 
 

@@ -133,16 +133,43 @@ def test_selection_error_from_the_worker_is_a_400_with_its_message(
         "batch_size": 3,
         "embeddings": X.tolist(),
         "probs": _probs(X, 2).tolist(),
-        "params": {"convention": "bogus"},
+        # Valid for the web process, too small for the library's memory model: only the worker can tell.
+        "params": {"max_memory_gb": 1e-9},
     }
     r = _post(client, run_jobs, json=body, headers=auth)
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "selection_error"
-    assert err["message"] == "unknown convention 'bogus'; expected one of ('reference', 'paper', 'sum')"
-    assert err["details"]["type"] == "ParameterError"
+    assert "memory" in err["message"] and "max_memory_gb" in err["message"]
+    assert err["details"]["type"] == "MemoryBudgetError"
     failed = client.get(f"/v1/select/{err['details']['job_id']}", headers=auth).json()
     assert failed["status"] == "failed" and failed["error"] == err["message"]
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({"convention": "bogus"}, "must be one of reference, paper, sum"),
+        ({"lam": 0}, "must be a finite number > 0"),
+        ({"lam": -1.5}, "must be a finite number > 0"),
+        ({"seed": 2**63}, "must be an integer in [0, 9223372036854775807]"),
+        ({"seed": -1}, "must be an integer in [0, 9223372036854775807]"),
+        ({"oversample": 0.5}, "must be a number in [1, 100]"),
+        ({"approx_dim": 2}, "is only used with approx='pca'"),
+        ({"approx": "pca", "approx_dim": 3}, "at most the embedding dimension 2"),
+        ({"approx": "sketch"}, "must be null (exact) or 'pca'"),
+    ],
+)
+def test_select_refuses_bad_strategy_params_before_any_job(
+    client: TestClient, auth: dict[str, str], params: dict[str, Any], words: str
+) -> None:
+    X, _ = blobs(30, 2, 2)
+    body = {"strategy": "bait", "batch_size": 3, "embeddings": X.tolist(), "probs": _probs(X, 2).tolist()}
+    r = client.post("/v1/select", json={**body, "params": params}, headers=auth)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "bad_request" and words in err["message"]
+    assert "job_id" not in (err["details"] or {})  # refused in the web process: no job was created
 
 
 X3 = [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
