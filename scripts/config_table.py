@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.config import Settings  # noqa: E402
-from tests.service.test_readme_config import shown_default  # noqa: E402
+from service.config import Settings
+from tests.service.test_readme_config import shown_default
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 HEADER = "| variable | default | meaning |\n|---|---|---|\n"
