@@ -936,6 +936,7 @@ def _plan(
         f"exact needs ~{exact.estimated_s:.0f} s and {exact.estimated_bytes / _GB:.2f} GB "
         f"(budgets {time_budget_s:g} s, {budget_gb:g} GB)"
     )
+    tried: list[_Plan] = [exact]
     pf_options: list[Prefilter | None] = [explicit]
     if prefilter == "auto" and n_cand_all > PREFILTER_MIN_CANDIDATES:
         pf_options = []
@@ -943,32 +944,39 @@ def _plan(
             n_top = round(PREFILTER_TOP_FRACTION * keep)
             pf = Prefilter(top=n_top, random=keep - n_top, score="gradnorm")
             plan = make("exact", None, None, pf, f"{over}; pre-filtered to {keep} candidates")
+            tried.append(plan)
             if fits(plan):
                 return plan
             pf_options = [pf]  # the smallest tried: approximations below run on it
     pf_use = pf_options[-1]
     reason = over if pf_use is explicit or pf_use is None else f"{over}; pre-filtered"
     classes_auto = auto_classes(problem.probs, lam=lam) if problem.probs is not None and r > 2 else r
-    class_opts: list[int | None] = [classes_auto] if classes_auto < r else [None]
-    tried: list[_Plan] = []
-    for classes in class_opts:
-        if classes is not None:
-            plan = make("topc", None, classes, pf_use, reason)
-            tried.append(plan)
-            if fits(plan):
-                return plan
-        for dim in ladder_dims(d) if approx_dim is None else [approx_dim]:
-            kind_ = "pca" if classes is None else "pca+topc"
-            plan = make(kind_, dim, classes, pf_use, reason)
-            tried.append(plan)
-            if fits(plan):
-                return plan
-    best = min(tried, key=lambda p: p.estimated_s) if tried else exact
+    classes = classes_auto if classes_auto < r else None
+    if classes is not None:
+        plan = make("topc", None, classes, pf_use, reason)
+        tried.append(plan)
+        if fits(plan):
+            return plan
+    for dim in ladder_dims(d) if approx_dim is None else [approx_dim]:
+        plan = make("pca" if classes is None else "pca+topc", dim, classes, pf_use, reason)
+        tried.append(plan)
+        if fits(plan):
+            return plan
+    # The time budget is an estimate, memory is not: with nothing inside both, run the fastest plan
+    # that fits the memory budget (exact first among equals), and say so.
+    in_memory = [p for p in tried if p.estimated_bytes <= budget_gb * _GB]
+    if in_memory:
+        best = min(in_memory, key=lambda p: p.estimated_s)
+        best.reason = f"{best.reason}; no plan fits the time budget: the fastest that fits memory"
+        if best is exact:
+            best.reason = f"{over}; no plan fits the time budget and exact fits memory"
+        return best
+    cheapest = min(tried, key=lambda p: p.estimated_bytes)
     raise MemoryBudgetError(
-        f"no BAIT plan fits the budgets: {over}; the cheapest approximation tried ({best.describe()}) needs "
-        f"~{best.estimated_s:.0f} s and {best.estimated_bytes / _GB:.2f} GB. Raise time_budget_s or "
-        "max_memory_gb, force an approximation (approx='pca' with approx_dim, approx='topc' with "
-        "approx_classes), or pre-filter the pool (prefilter={'top': N, 'random': M})."
+        f"no BAIT plan fits max_memory_gb={budget_gb:g}: {over}; the smallest plan tried "
+        f"({cheapest.describe()}) needs {cheapest.estimated_bytes / _GB:.2f} GB. Raise max_memory_gb, force an "
+        "approximation (approx='pca' with a small approx_dim, approx='topc' with approx_classes), or "
+        "pre-filter the pool (prefilter={'top': N, 'random': M})."
     )
 
 

@@ -7,6 +7,8 @@ exact picks; every plan is recorded in the diagnostics; bad parameters raise Par
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -148,6 +150,7 @@ def test_topc_auto_classes_close_to_exact_on_peaked_probabilities() -> None:
     c = approx.diagnostics["approximation"]["classes"]
     assert c < 11
     assert approx.diagnostics["approx_rest_mass"] <= scale.rest_mass_limit(0.01)
+    assert approx.objective is not None and exact.objective is not None
     gap = approx.objective / exact.objective - 1
     assert gap <= 0.02, gap
 
@@ -178,10 +181,16 @@ def test_auto_plan_keeps_exact_when_it_fits() -> None:
     assert exact.diagnostics["approximation"]["requested"] == "exact"
 
 
-def test_auto_plan_raises_when_nothing_fits_and_forced_exact_ignores_the_time_budget() -> None:
+def test_auto_plan_over_every_budget_and_forced_exact() -> None:
     x, p = _data(9, 300, 16, 10, scale_=6.0)
-    with pytest.raises(MemoryBudgetError, match="no BAIT plan fits the budgets"):
-        select("bait", embeddings=x, probs=p, batch_size=5, time_budget_s=1e-9)
+    # Nothing fits the time budget: the fastest plan that fits memory runs, and the reason says so.
+    out = select("bait", embeddings=x, probs=p, batch_size=5, time_budget_s=1e-9)
+    info = out.diagnostics["approximation"]
+    assert "no plan fits the time budget" in info["reason"] and info["kind"] == "pca+topc"
+    assert info["pca_dim"] == 8
+    # Nothing fits memory: a MemoryBudgetError that names the options.
+    with pytest.raises(MemoryBudgetError, match="no BAIT plan fits max_memory_gb"):
+        select("bait", embeddings=x, probs=p, batch_size=5, max_memory_gb=1e-7)
     forced = select("bait", embeddings=x, probs=p, batch_size=5, approx="exact", time_budget_s=1e-9)
     assert forced.diagnostics["approximation"]["kind"] == "exact"
     assert forced.diagnostics["approximation"]["reason"] == "forced (approx='exact')"
@@ -191,7 +200,7 @@ def test_auto_plan_raises_when_nothing_fits_and_forced_exact_ignores_the_time_bu
 
 def test_auto_plan_picks_the_first_approximation_that_fits() -> None:
     x, p = _data(10, 300, 16, 10, scale_=6.0)
-    kw = {"embeddings": x, "probs": p, "batch_size": 5}
+    kw: dict[str, Any] = {"embeddings": x, "probs": p, "batch_size": 5}
     secs = {}
     for c in (None, auto_classes(torch.as_tensor(p), lam=0.01)):
         secs[c] = estimate_seconds(
@@ -279,6 +288,7 @@ def test_prefilter_gap_against_exact_is_small() -> None:
     labeled = list(range(0, 1200, 60))
     exact = select("bait", embeddings=x, probs=p, labeled=labeled, batch_size=10, approx="exact")
     pre = select("bait", embeddings=x, probs=p, labeled=labeled, batch_size=10, prefilter={"top": 300, "random": 100})
+    assert pre.objective is not None and exact.objective is not None
     gap = pre.objective / exact.objective - 1
     assert -0.05 <= gap <= 0.02, gap  # greedy exact BAIT is not optimal: the pre-filtered run may beat it
 
@@ -287,7 +297,7 @@ def test_auto_prefilter_above_the_named_pool_size(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(bait_module, "PREFILTER_MIN_CANDIDATES", 500)
     monkeypatch.setattr(scale, "PREFILTER_MIN_KEEP", 200)
     x, p = _data(14, 1000, 6, 4)
-    kw = {"embeddings": x, "probs": p, "batch_size": 5}
+    kw: dict[str, Any] = {"embeddings": x, "probs": p, "batch_size": 5}
     exact = select("bait", **kw, approx="exact")
     est = exact.diagnostics["approximation"]["estimated_seconds"]
     out = select("bait", **kw, time_budget_s=0.7 * est)
@@ -327,7 +337,7 @@ def test_auto_prefilter_above_the_named_pool_size(monkeypatch: pytest.MonkeyPatc
         ({"prefilter": "sometimes"}, "prefilter must be None"),
     ],
 )
-def test_bad_scale_parameters_raise_parameter_error(params: dict, message: str) -> None:
+def test_bad_scale_parameters_raise_parameter_error(params: dict[str, Any], message: str) -> None:
     x, p = _data(15, 60, 3, 4)
     with pytest.raises(ParameterError, match=message):
         select("bait", embeddings=x, probs=p, batch_size=4, **params)
