@@ -76,6 +76,22 @@ ROWS: list[Row] = [
         },
         gap=True,
     ),
+    # The exact greedy step, previous update (BAIT_STEP=legacy) against the current one, alternating;
+    # B = 20 (40 forward steps) keeps each run short, the per-step time is the figure.
+    Row(
+        "n100k-step",
+        100_000,
+        128,
+        10,
+        20,
+        temp=3.0,
+        variants={
+            "legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
+            "new step": {"approx": "exact"},
+            "legacy step again": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
+            "new step again": {"approx": "exact"},
+        },
+    ),
     # --smoke
     Row(
         "smoke-k-gap",
@@ -102,6 +118,18 @@ ROWS: list[Row] = [
         smoke=True,
     ),
     Row("smoke-auto", 2_000, 16, 30, 5, n_labeled=10, variants={"auto 0.5 s": {"time_budget_s": 0.5}}, smoke=True),
+    Row(
+        "smoke-step",
+        3_000,
+        16,
+        10,
+        5,
+        temp=3.0,
+        n_labeled=10,
+        dtype="float64",
+        variants={"legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}}, "new step": {"approx": "exact"}},
+        smoke=True,
+    ),
 ]
 
 
@@ -142,11 +170,22 @@ def run_row(row: Row, seed: int) -> dict[str, Any]:
                 "plan": ex.diagnostics["approximation"],
             }
         )
-    for label, params in row.variants.items():
-        before = load1()
-        t0 = time.perf_counter()
-        res = selection.select("bait", batch_size=row.batch, **kw, **params)
-        secs = time.perf_counter() - t0
+    for label, all_params in row.variants.items():
+        params = {k: v for k, v in all_params.items() if k != "_env"}
+        env = all_params.get("_env", {})
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            before = load1()
+            t0 = time.perf_counter()
+            res = selection.select("bait", batch_size=row.batch, **kw, **params)
+            secs = time.perf_counter() - t0
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         diag = res.diagnostics
         run: dict[str, Any] = {
             "variant": label,
@@ -157,6 +196,8 @@ def run_row(row: Row, seed: int) -> dict[str, Any]:
             "plan": diag["approximation"],
             "setup_s": diag["timings"].get("setup"),
             "forward_s": diag["timings"].get("forward"),
+            "step_ms": 1e3 * diag["timings"].get("forward", math.nan) / max(1, diag["steps"]["forward"]),
+            "indices": res.indices.tolist(),
         }
         if exact_obj is not None and res.objective is not None:
             run["gap"] = res.objective / exact_obj - 1.0
@@ -192,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = [r for r in ROWS if r.smoke == args.smoke]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
-    print("| row | variant | seconds | load 1m before/after | objective | gap vs exact | plan |")
-    print("|---|---|---|---|---|---|---|")
+    print("| row | variant | seconds | setup s | ms/step | load 1m before/after | objective | gap vs exact | plan |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results = []
     for row in rows:
         res = run_row(row, args.seed)
@@ -204,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             obj = run["objective"]
             print(
                 f"| {row.name} (n={row.n}, d={row.d}, k={row.k}, B={row.batch}) | {run['variant']} | "
-                f"{run['seconds']:.1f} | {run['load'][0]:.1f}/{run['load'][1]:.1f} | "
+                f"{run['seconds']:.1f} | {run.get('setup_s') or 0:.1f} | {run.get('step_ms', math.nan):.0f} | "
+                f"{run['load'][0]:.1f}/{run['load'][1]:.1f} | "
                 f"{'' if obj is None else f'{obj:.6g}'} | {gap_s} | {fmt_plan(run['plan'])} |",
                 flush=True,
             )
