@@ -244,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = [r for r in ROWS if r.smoke == args.smoke]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
-    print("| row | variant | seconds | CPU s | setup s | ms/step | load 1m before/after | objective | gap vs exact | plan |")
+    print(
+        "| row | variant | seconds | CPU s | setup s | ms/step | load 1m before/after | objective | gap vs exact "
+        "| plan |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for row in rows:
@@ -256,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             obj = run["objective"]
             print(
                 f"| {row.name} (n={row.n}, d={row.d}, k={row.k}, B={row.batch}) | {run['variant']} | "
-                f"{run['seconds']:.1f} | {run['cpu_s']:.1f} | {run.get('setup_s') or 0:.1f} | {run.get('step_ms', math.nan):.0f} | "
+                f"{run['seconds']:.1f} | {run['cpu_s']:.1f} | {run.get('setup_s') or 0:.1f} | "
+                f"{run.get('step_ms', math.nan):.0f} | "
                 f"{run['load'][0]:.1f}/{run['load'][1]:.1f} | "
                 f"{'' if obj is None else f'{obj:.6g}'} | {gap_s} | {fmt_plan(run['plan'])} |",
                 flush=True,
