@@ -84,6 +84,23 @@ ROWS: list[Row] = [
         },
         gap=True,
     ),
+    # The exact greedy step, previous update (BAIT_STEP=legacy: torch.bmm) against the current one
+    # (numpy matmul for the batched small products), alternating; B = 20 (40 forward steps) keeps each
+    # run short, the per-step time is the figure.
+    Row(
+        "n100k-step",
+        100_000,
+        128,
+        10,
+        20,
+        temp=3.0,
+        variants={
+            "legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
+            "new step": {"approx": "exact"},
+            "legacy step again": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
+            "new step again": {"approx": "exact"},
+        },
+    ),
     # --smoke
     Row(
         "smoke-k-gap",
@@ -110,6 +127,18 @@ ROWS: list[Row] = [
         smoke=True,
     ),
     Row("smoke-auto", 2_000, 16, 30, 5, n_labeled=10, variants={"auto 0.5 s": {"time_budget_s": 0.5}}, smoke=True),
+    Row(
+        "smoke-step",
+        3_000,
+        16,
+        10,
+        5,
+        temp=3.0,
+        n_labeled=10,
+        dtype="float64",
+        variants={"legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}}, "new step": {"approx": "exact"}},
+        smoke=True,
+    ),
 ]
 
 
@@ -158,12 +187,23 @@ def run_row(row: Row, seed: int) -> dict[str, Any]:
                 "plan": ex.diagnostics["approximation"],
             }
         )
-    for label, params in row.variants.items():
-        before = load1()
-        t0, c0 = time.perf_counter(), cpu_seconds()
-        res = selection.select("bait", batch_size=row.batch, **kw, **params)
-        secs = time.perf_counter() - t0
-        cpu = cpu_seconds() - c0
+    for label, all_params in row.variants.items():
+        params = {k: v for k, v in all_params.items() if k != "_env"}
+        env = all_params.get("_env", {})  # environment set for this run only (BAIT_STEP=legacy)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            before = load1()
+            t0, c0 = time.perf_counter(), cpu_seconds()
+            res = selection.select("bait", batch_size=row.batch, **kw, **params)
+            secs = time.perf_counter() - t0
+            cpu = cpu_seconds() - c0
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         diag = res.diagnostics
         run: dict[str, Any] = {
             "variant": label,

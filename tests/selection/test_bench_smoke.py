@@ -88,7 +88,7 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out_json.read_text())}
-    assert set(rows) == {"smoke-k-gap", "smoke-prefilter", "smoke-auto"}
+    assert set(rows) == {"smoke-k-gap", "smoke-prefilter", "smoke-auto", "smoke-step"}
     for row in rows.values():
         for run in row["runs"]:
             assert math.isfinite(run["seconds"]) and run["seconds"] >= 0
@@ -101,3 +101,6 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
     assert pre["plan"]["prefilter"]["kept_top"] == 600 and abs(pre["gap"]) < 0.05
     auto = rows["smoke-auto"]["runs"][0]["plan"]
     assert auto["kind"] != "exact" and auto["estimated_seconds"] <= 0.5
+    legacy, new = rows["smoke-step"]["runs"]
+    assert legacy["indices"] == new["indices"]  # float64: the same picks with either step update
+    assert legacy["step_ms"] > 0 and new["step_ms"] > 0

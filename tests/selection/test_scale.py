@@ -354,3 +354,20 @@ def test_class_options_need_classification() -> None:
             select("bait", embeddings=x, task="regression", batch_size=3, **params)
     out = select("bait", embeddings=x, task="regression", batch_size=3, prefilter={"top": 20, "random": 10})
     assert out.diagnostics["approximation"]["prefilter"]["kept_top"] == 20
+
+
+# --------------------------------------------------------------------------------------------------
+# The exact step: numpy batched products against the previous torch.bmm update (BAIT_STEP=legacy)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("k", "lam"), [(4, 0.01), (7, 1.0)])
+def test_step_update_gives_the_legacy_picks(monkeypatch: pytest.MonkeyPatch, k: int, lam: float) -> None:
+    x, p = _data(20 + k, 300, 6, k, scale_=2.0)
+    kw: dict[str, Any] = {"embeddings": x, "probs": p, "labeled": [0, 4, 8, 100], "batch_size": 12, "lam": lam}
+    new = select("bait", **kw, approx="exact", chunk_size=64)
+    monkeypatch.setenv("BAIT_STEP", "legacy")
+    old = select("bait", **kw, approx="exact", chunk_size=64)
+    assert new.indices.tolist() == old.indices.tolist()
+    assert new.diagnostics["forward_indices"] == old.diagnostics["forward_indices"]
+    assert new.objective == pytest.approx(old.objective, rel=1e-10)
