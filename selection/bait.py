@@ -28,6 +28,14 @@ Work is done in the reduced class space (softmax null direction dropped, ``r = k
 ``D = r d``; regression and binary classification become rank-one problems). The ``D x D`` matrices
 ``P`` and ``Q`` and the backward pass are float64 whenever they fit ``max_memory_gb``; pool-sized
 GEMMs and the per-candidate state run in the dtype of ``problem.X``.
+
+Planning (selection/scale.py): ``approx=None`` ("auto") runs exact BAIT whenever a cost model says
+it fits ``time_budget_s`` and ``max_memory_gb``; otherwise the first plan that fits among candidate
+pre-filtering (pools above ``scale.PREFILTER_MIN_CANDIDATES``), top-``c`` class truncation of each
+candidate's Fisher (a PSD lower bound; per-candidate state ``c x c``) and the Fisher-weighted PCA
+projection. ``approx="exact"`` forces exact. The plan, its reason and its estimate are
+``diagnostics["approximation"]``; the objective reported for an approximate or pre-filtered run is
+the exact one of its set whenever that fits the budgets (``diagnostics["objective_kind"]``).
 """
 
 from __future__ import annotations
@@ -56,12 +64,33 @@ from selection.linalg import (
     trace_solve_scores,
 )
 from selection.problem import Problem, StrategyOutput, register
+from selection.scale import (
+    PREFILTER_MIN_CANDIDATES,
+    PREFILTER_TOP_FRACTION,
+    RATES,
+    Prefilter,
+    auto_classes,
+    check_time_budget,
+    estimate_seconds,
+    ladder_dims,
+    ladder_prefilter,
+    parse_prefilter,
+    prefilter_candidates,
+    rest_mass,
+    topc_class_factor,
+)
 
 Tensor = torch.Tensor
 Mode = Literal["fisher", "identity", "logdet"]
 
 CONVENTIONS = ("reference", "paper", "sum")
-APPROXIMATIONS = (None, "pca")
+APPROXIMATIONS = ("pca", "topc", "pca+topc")
+#: Values of ``approx``: ``None``/``"auto"`` (exact when it fits ``time_budget_s`` and ``max_memory_gb``,
+#: else the cheapest plan of selection/scale.py that does), ``"exact"``/``"none"`` (forced), or a forced
+#: approximation.
+APPROX_CHOICES = (None, "auto", "exact", "none", *APPROXIMATIONS)
+#: Default ``time_budget_s`` of the cost model (seconds, estimated; see selection/scale.py).
+DEFAULT_TIME_BUDGET_S = 600.0
 _TIE_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 _GB = 1e9
 # Per-chunk state of the greedy step is kept near this size: bigger chunks mean fewer small ops
@@ -115,6 +144,23 @@ def _intra_op_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(saved)
+
+
+def _legacy_step() -> bool:
+    """``BAIT_STEP=legacy``: the previous per-candidate update (torch.bmm), for same-run benchmarks."""
+    return os.environ.get("BAIT_STEP", "").strip() == "legacy"
+
+
+def _small_bmm(a: Tensor, b: Tensor) -> Tensor:
+    """Batched product of small matrices; on CPU through numpy's ``matmul``.
+
+    Min-of-25 timings, 8192 products of 9 x 9 by 9 x 9 (second operand a transposed view), one thread:
+    numpy 0.69 ms against torch.bmm 1.39 ms (float32), 0.95 against 1.69 ms (float64); 9 x 9 by
+    9 x 18 in float64: 1.16 against 2.11 ms. numpy's loops release the GIL like torch's.
+    """
+    if a.device.type != "cpu" or a.requires_grad or b.requires_grad:
+        return torch.bmm(a, b)
+    return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
 
 
 class _Workers:
@@ -201,16 +247,6 @@ def _check_oversample(oversample: float) -> float:
     return float(oversample)
 
 
-def _check_approx(approx: str | None, approx_dim: int | None, d: int) -> None:
-    if approx not in APPROXIMATIONS:
-        raise ParameterError(f"unknown approx {approx!r}; expected None or 'pca'")
-    if approx_dim is not None:
-        if approx is None:
-            raise ParameterError("approx_dim is only used with approx='pca'")
-        if isinstance(approx_dim, bool) or not isinstance(approx_dim, int) or not 1 <= approx_dim <= d:
-            raise ParameterError(f"approx_dim must be an integer in [1, d={d}], got {approx_dim!r}")
-
-
 def _check_fisher_weights(weights: Any, problem: Problem) -> Tensor | None:
     if weights is None:
         return None
@@ -234,7 +270,14 @@ def _check_fisher_weights(weights: Any, problem: Problem) -> Tensor | None:
 
 
 def estimate_bytes(
-    *, n_cand: int, d: int, r: int, matrix_dtype: torch.dtype, state_dtype: torch.dtype, mode: Mode
+    *,
+    n_cand: int,
+    d: int,
+    r: int,
+    matrix_dtype: torch.dtype,
+    state_dtype: torch.dtype,
+    mode: Mode,
+    rc: int | None = None,
 ) -> int:
     """Peak bytes of the exact method: ``D x D`` matrices plus the per-candidate state.
 
@@ -248,25 +291,30 @@ def estimate_bytes(
     mats = n_mats * big_d * big_d * mb
     if sb != mb:
         mats += (1 if mode == "logdet" else 2) * big_d * big_d * sb
-    per_cand = (d + (2 if mode == "logdet" else 3) * r * r) * sb
+    rc = r if rc is None else rc
+    per_cand = (d + r * rc + (1 if mode == "logdet" else 2) * rc * rc) * sb
     if r == 1:
         per_cand += 3 * 8  # float64 state (rank one)
     return int(mats + n_cand * per_cand)
 
 
-def _choose_matrix_dtype(problem: Problem, x_dim: int, r: int, mode: Mode, budget_gb: float) -> torch.dtype:
+def _choose_matrix_dtype(
+    problem: Problem, x_dim: int, r: int, mode: Mode, budget_gb: float, *, rc: int | None = None
+) -> torch.dtype:
     """float64 for the ``D x D`` matrices when they fit the budget, else the input dtype, else raise."""
     n_cand = int(problem.candidates.numel())
     options = [torch.float64] if problem.dtype == torch.float64 else [torch.float64, problem.dtype]
     need = 0
     for dt in options:
-        need = estimate_bytes(n_cand=n_cand, d=x_dim, r=r, matrix_dtype=dt, state_dtype=problem.dtype, mode=mode)
+        need = estimate_bytes(n_cand=n_cand, d=x_dim, r=r, matrix_dtype=dt, state_dtype=problem.dtype, mode=mode, rc=rc)
         if need <= budget_gb * _GB:
             return dt
     # Largest projected dimension that would fit (float matrices of the input dtype).
     fit = 0
     for dim in range(x_dim, 0, -1):
-        est = estimate_bytes(n_cand=n_cand, d=dim, r=r, matrix_dtype=options[-1], state_dtype=problem.dtype, mode=mode)
+        est = estimate_bytes(
+            n_cand=n_cand, d=dim, r=r, matrix_dtype=options[-1], state_dtype=problem.dtype, mode=mode, rc=rc
+        )
         if est <= budget_gb * _GB:
             fit = dim
             break
@@ -374,8 +422,11 @@ class _Bait:
         fisher_weights: Tensor | None,
         matrix_dtype: torch.dtype,
         n_threads: int = 1,
+        classes: int | None = None,
     ) -> None:
         self.problem = problem
+        # Top-c approximation: each candidate's factor keeps c columns (selection/scale.py).
+        self.classes = classes
         self.n_threads = max(1, n_threads)
         self.x_all = x  # n x d (state dtype)
         self.probs = problem.probs
@@ -396,7 +447,8 @@ class _Bait:
         self.sdt = torch.float64 if self.r == 1 else x.dtype
         self.big_d = self.r * self.d
         self.rtol = _TIE_RTOL.get(self.sdt, 1e-5)
-        cand_bytes = max(1, (self.d + 4 * self.r * self.r) * torch.finfo(self.sdt).bits // 8)
+        rc = self.r if classes is None else classes
+        cand_bytes = max(1, (self.d + 4 * self.r * rc) * torch.finfo(self.sdt).bits // 8)
         self.step_chunk = max(64, min(problem.chunk_size, _STEP_CHUNK_BYTES // cand_bytes))
         if self.r == 1:
             # A rank-one step is a GEMV and a few vector ops: big chunks keep the op count small.
@@ -530,10 +582,14 @@ class _Bait:
 
         # Candidates: embeddings, scaled factors, g and h (notes sec. 2(a)).
         xc = self.x_all if n_cand == self.n else self.x_all[cand]
-        e = row_factors(None if self.probs is None else self.probs[cand], n_cand, dtype=sdt, device=dev)
+        if self.classes is not None and self.probs is not None:
+            e = topc_class_factor(self.probs[cand], self.classes, dtype=sdt)  # n_C x r x c
+        else:
+            e = row_factors(None if self.probs is None else self.probs[cand], n_cand, dtype=sdt, device=dev)
         e *= math.sqrt(self.w_picked)
-        g = torch.empty(n_cand, r, r, dtype=sdt, device=dev)
-        h = None if q is None else torch.empty(n_cand, r, r, dtype=sdt, device=dev)
+        rc = int(e.shape[2])
+        g = torch.empty(n_cand, rc, rc, dtype=sdt, device=dev)
+        h = None if q is None else torch.empty(n_cand, rc, rc, dtype=sdt, device=dev)
         p_s = None if (p0_identity or low_rank is not None) else p.to(sdt)
         q_s = None if q is None else q.to(sdt)
         if low_rank is not None:
@@ -596,8 +652,9 @@ class _Bait:
         mdt = self.mdt
         r, d = self.r, self.d
         x_s = x_s.to(mdt)
-        e_s = e_s.to(mdt)
-        eye = torch.eye(r, dtype=mdt, device=self.device)
+        e_s = e_s.to(mdt)  # r x rc
+        rc = int(e_s.shape[1])
+        eye = torch.eye(rc, dtype=mdt, device=self.device)
         u = block_matvec(st.p, x_s) @ e_s  # D x r: P V_s
         g_s = e_s.T @ block_contract(u, x_s)  # r x r: V_s^T P V_s
         a = eye + sigma * 0.5 * (g_s + g_s.T)
@@ -612,7 +669,7 @@ class _Bait:
         if st.q is None:
             st.p.addmm_(u_t, u_t.T, alpha=-sigma)
             delta = 2.0 * float(chol.diagonal().log().sum())
-            blocks = u_t.view(r, d, 1, r)
+            blocks = u_t.view(r, d, 1, rc)
         else:
             rr = block_matvec(st.q, x_s) @ e_s  # D x r: Q V_s
             h_s = e_s.T @ block_contract(rr, x_s)  # r x r: V_s^T Q V_s
@@ -625,7 +682,7 @@ class _Bait:
             # Q -= sigma (U~ R^T + R^ U~^T) as one rank-2r GEMM: one pass over Q.
             st.q.addmm_(torch.cat([u_t, r_h], 1), torch.cat([r_h, u_t], 1).T, alpha=-sigma)
             delta = float(s_t.diagonal().sum())
-            blocks = torch.stack([u_t, r_h], dim=1).view(r, d, 2, r)
+            blocks = torch.stack([u_t, r_h], dim=1).view(r, d, 2, rc)
         # d x (r * c * r), column index (a, c-block, col): one GEMM gives m x r x (c r) per chunk.
         return blocks.permute(1, 0, 2, 3).reshape(d, -1), delta
 
@@ -637,16 +694,17 @@ class _Bait:
 
         Args:
             x: ``m x d`` rows.
-            et: ``m x r x r`` transposed scaled factors ``E^T`` (contiguous is fastest).
-            g: ``m x r x r``, updated in place.
-            h: ``m x r x r`` or ``None``, updated in place.
-            blocks: ``d x (r * c * r)`` from :meth:`_rank_update`, same dtype as ``x``.
+            et: ``m x rc x r`` transposed scaled factors ``E^T`` (contiguous is fastest; ``rc = r``
+                unless top-c).
+            g: ``m x rc x rc``, updated in place.
+            h: ``m x rc x rc`` or ``None``, updated in place.
+            blocks: ``d x (r * c * rc)`` from :meth:`_rank_update`, same dtype as ``x``.
             sigma: ``+1`` or ``-1``.
             half_h: ``h`` holds ``h~`` with ``h = h~ + h~^T`` (``r > 1``): then ``h~ -= sigma W Z^T``,
                 one contiguous subtraction instead of two (one of them transposed).
         """
         m = x.shape[0]
-        r = g.shape[1]
+        rc, r = int(et.shape[1]), int(et.shape[2])
         if r == 1:
             # Rank one: one streaming GEMV in the pool dtype; the (float64) state absorbs the result.
             # c x m = blocks^T X^T: 1.6x faster than X @ blocks (m x c) for c <= 2 (10.4 vs 6.5 GB/s
@@ -658,13 +716,25 @@ class _Bait:
                 z = et[:, 0, 0] * t[1]
                 h[:, 0, 0] -= (2.0 * sigma) * w * z
             return
-        t = x.to(blocks.dtype) @ blocks  # m x (r * c * r)
+        t = x.to(blocks.dtype) @ blocks  # m x (r * c * rc)
         c = 1 if h is None else 2
-        wz = torch.bmm(et, t.view(m, r, c * r))  # m x r x c r: [W | Z]
-        w = wz[:, :, :r]
-        g.baddbmm_(w, w.transpose(1, 2), alpha=-sigma)
+        if _legacy_step():  # the previous update, for same-run benchmarks (BAIT_STEP=legacy)
+            wz = torch.bmm(et, t.view(m, r, c * rc))
+            w = wz[:, :, :rc]
+            g.baddbmm_(w, w.transpose(1, 2), alpha=-sigma)
+            if h is not None:
+                y = torch.bmm(w, wz[:, :, rc:].transpose(1, 2))
+                h.sub_(y, alpha=sigma)
+                if not half_h:
+                    h.sub_(y.transpose(1, 2), alpha=sigma)
+            return
+        wz = _small_bmm(et, t.view(m, r, c * rc))  # m x rc x c rc: [W | Z]
+        w = wz[:, :, :rc]
+        # (One bmm W [W^T | Z^T] for both updates was tried: no faster at d = 128, k = 10 in
+        # min-of-30 timings, 7.0 vs 7.4 ms per 8192-row chunk in float32, 14.5 vs 13.3 in float64.)
+        g.sub_(_small_bmm(w, w.transpose(1, 2)), alpha=sigma)
         if h is not None:
-            y = torch.bmm(w, wz[:, :, r:].transpose(1, 2))  # m x r x r: W Z^T
+            y = _small_bmm(w, wz[:, :, rc:].transpose(1, 2))  # m x rc x rc: W Z^T
             h.sub_(y, alpha=sigma)
             if not half_h:
                 h.sub_(y.transpose(1, 2), alpha=sigma)
@@ -763,6 +833,217 @@ class _Bait:
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Plan:
+    """What the driver runs: exact, or an approximation, on the whole pool or a pre-filtered one."""
+
+    kind: str  # "exact", "pca", "topc", "pca+topc"
+    dim: int | None = None  # PCA dimension (None: no projection)
+    classes: int | None = None  # top-c classes (None: all)
+    prefilter: Prefilter | None = None
+    reason: str = ""
+    estimated_s: float = 0.0
+    estimated_bytes: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.dim is not None:
+            out["pca_dim"] = self.dim
+        if self.classes is not None:
+            out["classes"] = self.classes
+        if self.prefilter is not None:
+            out["prefilter"] = self.prefilter.describe()
+        out["reason"] = self.reason
+        out["estimated_seconds"] = float(f"{self.estimated_s:.3g}")
+        out["estimated_gb"] = float(f"{self.estimated_bytes / _GB:.3g}")
+        return out
+
+
+def _check_approx(approx: str | None, approx_dim: int | None, approx_classes: int | None, problem: Problem) -> str:
+    """The requested approximation kind: ``"auto"``, ``"exact"``, ``"pca"``, ``"topc"`` or ``"pca+topc"``."""
+    if approx is None or approx == "auto":
+        kind = "auto"
+    elif approx in ("exact", "none"):
+        kind = "exact"
+    elif approx in APPROXIMATIONS:
+        kind = str(approx)
+    else:
+        raise ParameterError(f"unknown approx {approx!r}; expected one of {APPROX_CHOICES}")
+    d = problem.d
+    if approx_dim is not None:
+        if kind not in ("auto", "pca", "pca+topc"):
+            raise ParameterError("approx_dim is only used with approx='pca' or 'pca+topc' (or auto)")
+        if isinstance(approx_dim, bool) or not isinstance(approx_dim, int) or not 1 <= approx_dim <= d:
+            raise ParameterError(f"approx_dim must be an integer in [1, d={d}], got {approx_dim!r}")
+    if approx_classes is not None:
+        if kind not in ("auto", "topc", "pca+topc"):
+            raise ParameterError("approx_classes is only used with approx='topc' or 'pca+topc' (or auto)")
+        if problem.probs is None:
+            raise ParameterError("approx_classes needs class probabilities (classification)")
+        k = problem.k
+        if isinstance(approx_classes, bool) or not isinstance(approx_classes, int) or not 1 <= approx_classes < k:
+            raise ParameterError(f"approx_classes must be an integer in [1, k-1={k - 1}], got {approx_classes!r}")
+    if kind in ("topc", "pca+topc") and problem.probs is None:
+        raise ParameterError(f"approx={kind!r} truncates classes and needs class probabilities (classification)")
+    return kind
+
+
+def _plan(
+    problem: Problem,
+    *,
+    kind: str,
+    approx_dim: int | None,
+    approx_classes: int | None,
+    prefilter: Prefilter | str | None,
+    mode: Mode,
+    oversample: float,
+    backward: bool,
+    budget_gb: float,
+    time_budget_s: float,
+    lam: float,
+) -> _Plan:
+    """Choose what to run (module docstring of selection/scale.py): forced kinds as asked, auto by cost."""
+    r = reduced_rank(problem.probs)
+    b = problem.batch_size
+    n_design = int(problem.in_design.numel())
+    n_cand_all = int(problem.candidates.numel())
+    d = problem.d
+    dtypes = [torch.float64] if problem.dtype == torch.float64 else [torch.float64, problem.dtype]
+
+    def cost(n_keep: int, rows: int, dim: int, classes: int | None) -> tuple[float, int]:
+        n_fwd = b if not backward else min(n_keep, max(b, math.floor(oversample * b + 1e-9)))
+        rc = r if classes is None else classes
+        secs = estimate_seconds(
+            n_rows=rows,
+            n_cand=n_keep,
+            d=dim,
+            r=r,
+            rc=rc,
+            n_forward=n_fwd,
+            n_backward=(n_fwd - b) if backward else 0,
+            n_design=n_design,
+            mode=mode,
+            device=problem.device,
+            dtype=problem.dtype,
+            pca_from=d if dim != d else None,
+        )
+        mem = min(
+            estimate_bytes(n_cand=n_keep, d=dim, r=r, matrix_dtype=dt, state_dtype=problem.dtype, mode=mode, rc=rc)
+            for dt in dtypes
+        )
+        return secs, mem
+
+    def make(kind_: str, dim: int | None, classes: int | None, pf: Prefilter | None, reason: str) -> _Plan:
+        n_keep = n_cand_all if pf is None else min(n_cand_all, pf.top + pf.random)
+        rows = problem.n if pf is None else n_design + n_keep
+        secs, mem = cost(n_keep, rows, d if dim is None else dim, classes)
+        return _Plan(kind_, dim, classes, pf, reason, secs, mem)
+
+    def fits(p: _Plan) -> bool:
+        return p.estimated_bytes <= budget_gb * _GB and p.estimated_s <= time_budget_s
+
+    explicit = prefilter if isinstance(prefilter, Prefilter) else None
+    if explicit is not None and min(n_cand_all, explicit.top + explicit.random) < b:
+        raise ParameterError(
+            f"prefilter keeps {min(n_cand_all, explicit.top + explicit.random)} candidates, fewer than "
+            f"batch_size={b}; raise 'top' or 'random'"
+        )
+    if kind == "exact":
+        return make("exact", None, None, explicit, "forced (approx='exact')")
+    if kind in ("pca", "pca+topc", "topc"):
+        classes = None
+        if kind != "pca" and problem.probs is not None:
+            classes = approx_classes if approx_classes is not None else auto_classes(problem.probs, lam=lam)
+        dim = None
+        if kind != "topc":
+            if approx_dim is None:
+                # Default d // 4, shrunk until the exact method on the projection fits the memory budget.
+                dim = max(1, d // 4)
+                while dim > 1 and make(kind, dim, classes, explicit, "").estimated_bytes > budget_gb * _GB:
+                    dim -= 1
+            else:
+                dim = approx_dim
+        return make(kind, dim, classes, explicit, f"forced (approx={kind!r})")
+
+    # auto
+    exact = make("exact", None, None, explicit, "fits the budgets")
+    if fits(exact):
+        return exact
+    over = (
+        f"exact needs ~{exact.estimated_s:.0f} s and {exact.estimated_bytes / _GB:.2f} GB "
+        f"(budgets {time_budget_s:g} s, {budget_gb:g} GB)"
+    )
+    tried: list[_Plan] = [exact]
+    pf_options: list[Prefilter | None] = [explicit]
+    if prefilter == "auto" and n_cand_all > PREFILTER_MIN_CANDIDATES:
+        pf_options = []
+        for keep in ladder_prefilter(n_cand_all):
+            n_top = round(PREFILTER_TOP_FRACTION * keep)
+            pf = Prefilter(top=n_top, random=keep - n_top, score="gradnorm")
+            plan = make("exact", None, None, pf, f"{over}; pre-filtered to {keep} candidates")
+            tried.append(plan)
+            if fits(plan):
+                return plan
+            pf_options = [pf]  # the smallest tried: approximations below run on it
+    pf_use = pf_options[-1]
+    reason = over if pf_use is explicit or pf_use is None else f"{over}; pre-filtered"
+    classes_auto = auto_classes(problem.probs, lam=lam) if problem.probs is not None and r > 2 else r
+    classes = classes_auto if classes_auto < r else None
+    if classes is not None:
+        plan = make("topc", None, classes, pf_use, reason)
+        tried.append(plan)
+        if fits(plan):
+            return plan
+    for dim in ladder_dims(d) if approx_dim is None else [approx_dim]:
+        plan = make("pca" if classes is None else "pca+topc", dim, classes, pf_use, reason)
+        tried.append(plan)
+        if fits(plan):
+            return plan
+    # The time budget is an estimate, memory is not: with nothing inside both, run the fastest plan
+    # that fits the memory budget (exact first among equals), and say so.
+    in_memory = [p for p in tried if p.estimated_bytes <= budget_gb * _GB]
+    if in_memory:
+        best = min(in_memory, key=lambda p: p.estimated_s)
+        best.reason = f"{best.reason}; no plan fits the time budget: the fastest that fits memory"
+        if best is exact:
+            best.reason = f"{over}; no plan fits the time budget and exact fits memory"
+        return best
+    cheapest = min(tried, key=lambda p: p.estimated_bytes)
+    raise MemoryBudgetError(
+        f"no BAIT plan fits max_memory_gb={budget_gb:g}: {over}; the smallest plan tried "
+        f"({cheapest.describe()}) needs {cheapest.estimated_bytes / _GB:.2f} GB. Raise max_memory_gb, force an "
+        "approximation (approx='pca' with a small approx_dim, approx='topc' with approx_classes), or "
+        "pre-filter the pool (prefilter={'top': N, 'random': M})."
+    )
+
+
+def _prefiltered(problem: Problem, pf: Prefilter, weights: Tensor | None) -> tuple[Problem, Tensor, Tensor, int]:
+    """The sub-problem of design rows plus kept candidates, its stratified Fisher weights and row map."""
+    top_rows, rand_rows, w_rand = prefilter_candidates(
+        problem.X, problem.probs, problem.candidates, pf, seed=problem.seed, chunk_size=problem.chunk_size
+    )
+    design = problem.in_design
+    keep = torch.sort(torch.cat([top_rows, rand_rows])).values
+    rows = torch.sort(torch.cat([design, keep])).values
+    w = torch.ones(rows.numel(), dtype=torch.float64, device=problem.device)
+    w[torch.searchsorted(rows, rand_rows)] = w_rand
+    if weights is not None:
+        w = w * weights[rows]
+    sub = Problem(
+        X=problem.X[rows],
+        probs=None if problem.probs is None else problem.probs[rows],
+        labeled=torch.searchsorted(rows, problem.labeled),
+        reserved=torch.searchsorted(rows, problem.reserved),
+        candidates=torch.searchsorted(rows, keep),
+        batch_size=problem.batch_size,
+        task=problem.task,
+        seed=problem.seed,
+        chunk_size=problem.chunk_size,
+        progress=problem.progress,
+    )
+    return sub, w / w.sum(), rows, int(top_rows.numel())
+
+
 def _run(
     problem: Problem,
     *,
@@ -775,12 +1056,17 @@ def _run(
     fisher_weights: Any,
     max_memory_gb: float,
     backward: bool,
+    approx_classes: int | None = None,
+    prefilter: Any = None,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
 ) -> StrategyOutput:
     t_start = time.perf_counter()
     lam = _check_lam(lam)
     oversample = _check_oversample(oversample)
     budget = _check_budget(max_memory_gb)
-    _check_approx(approx, approx_dim, problem.d)
+    time_budget = check_time_budget(time_budget_s)
+    kind = _check_approx(approx, approx_dim, approx_classes, problem)
+    pf_spec = parse_prefilter(prefilter, regression=problem.probs is None)
     if convention not in CONVENTIONS:
         raise ParameterError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
     weights = _check_fisher_weights(fisher_weights, problem)
@@ -789,6 +1075,89 @@ def _run(
     if problem.dtype not in (torch.float32, torch.float64):
         raise InputDataError(f"BAIT needs float32 or float64 embeddings, got {problem.dtype}")
 
+    with torch.no_grad():
+        plan = _plan(
+            problem,
+            kind=kind,
+            approx_dim=approx_dim,
+            approx_classes=approx_classes,
+            prefilter=pf_spec,
+            mode=mode,
+            oversample=oversample,
+            backward=backward,
+            budget_gb=budget,
+            time_budget_s=time_budget,
+            lam=lam,
+        )
+        t_plan = time.perf_counter()
+        work, work_weights, rows_map, n_top = problem, weights, None, 0
+        if plan.prefilter is not None:
+            work, work_weights, rows_map, n_top = _prefiltered(problem, plan.prefilter, weights)
+        out = _run_core(
+            work,
+            mode=mode,
+            lam=lam,
+            oversample=oversample,
+            convention=convention,
+            plan=plan,
+            weights=work_weights,
+            budget=budget,
+            backward=backward,
+        )
+    diag = out.diagnostics
+    approx_info = plan.describe()
+    approx_info["requested"] = kind
+    diag["approximation"] = approx_info
+    diag["timings"]["plan"] = t_plan - t_start
+    if rows_map is None:
+        return out
+    # Map back to pool rows; the objective so far used the stratified estimate of F.
+    indices = rows_map[torch.as_tensor(out.indices, device=problem.device)].cpu().numpy().astype(np.int64)
+    if "forward_indices" in diag:
+        diag["forward_indices"] = rows_map[torch.as_tensor(diag["forward_indices"])].cpu().tolist()
+    approx_info["prefilter"]["kept_top"] = n_top
+    approx_info["prefilter"]["kept_random"] = int(work.candidates.numel()) - n_top
+    objective = out.objective
+    if mode != "logdet" and objective is not None:
+        diag["prefiltered_objective"] = objective
+        diag["objective_kind"] = "prefiltered"
+        r = reduced_rank(problem.probs)
+        big_d = r * problem.d
+        exact_s = problem.n * big_d * big_d / (2 * RATES.get((problem.device.type, torch.float64), (1.5e10, 0))[0])
+        if 3 * big_d * big_d * 8 <= budget * _GB and exact_s <= 0.25 * time_budget:
+            n_design = int(problem.in_design.numel())
+            w_design, w_picked = design_weights(convention, n_design, problem.batch_size)
+            objective = exact_objective(
+                problem.X,
+                problem.probs,
+                problem.in_design,
+                torch.as_tensor(indices, device=problem.device),
+                lam=lam,
+                w_design=w_design,
+                w_picked=w_picked,
+                fisher_weights=weights,
+                identity_fisher=mode == "identity",
+                chunk_size=problem.chunk_size,
+            )
+            diag["exact_objective"] = objective
+            diag["objective_kind"] = "exact"
+    diag["timings"]["total"] = time.perf_counter() - t_start
+    return StrategyOutput(indices=indices, objective=objective, diagnostics=diag)
+
+
+def _run_core(
+    problem: Problem,
+    *,
+    mode: Mode,
+    lam: float,
+    oversample: float,
+    convention: str,
+    plan: _Plan,
+    weights: Tensor | None,
+    budget: float,
+    backward: bool,
+) -> StrategyOutput:
+    t_start = time.perf_counter()
     r = reduced_rank(problem.probs)
     n_threads = resolve_threads(problem.device)
     b = problem.batch_size
@@ -796,6 +1165,7 @@ def _run(
     n_design = int(problem.in_design.numel())
     w_design, w_picked = design_weights(convention, n_design, b)
     n_forward = b if not backward else min(n_cand, max(b, math.floor(oversample * b + 1e-9)))
+    approximate = plan.dim is not None or plan.classes is not None
 
     diag: dict[str, Any] = {
         "device": str(problem.device),
@@ -806,34 +1176,22 @@ def _run(
         "convention": convention,
         "w_labeled": w_design,
         "w_selected": w_picked,
-        "approximation": approx,
     }
 
     x = problem.X
     x_dim = problem.d
+    rc = r if plan.classes is None else plan.classes
     with torch.no_grad():
-        if approx == "pca":
-            if approx_dim is None:
-                approx_dim = max(1, problem.d // 4)
-                while (
-                    approx_dim > 1
-                    and estimate_bytes(
-                        n_cand=n_cand,
-                        d=approx_dim,
-                        r=r,
-                        matrix_dtype=torch.float64,
-                        state_dtype=problem.dtype,
-                        mode=mode,
-                    )
-                    > budget * _GB
-                ):
-                    approx_dim -= 1
-            basis, var_kept = fisher_pca_basis(x, problem.probs, weights, approx_dim, chunk_size=problem.chunk_size)
+        if plan.dim is not None:
+            basis, var_kept = fisher_pca_basis(x, problem.probs, weights, plan.dim, chunk_size=problem.chunk_size)
             x = x @ basis.to(problem.dtype)  # n x approx_dim, in the pool dtype (no float64 copy of X)
-            x_dim = approx_dim
-            diag["approx_dim"] = approx_dim
+            x_dim = plan.dim
+            diag["approx_dim"] = plan.dim
             diag["approx_variance_kept"] = var_kept
-        mdt = _choose_matrix_dtype(problem, x_dim, r, mode, budget)
+        if plan.classes is not None and problem.probs is not None:
+            diag["approx_classes"] = plan.classes
+            diag["approx_rest_mass"] = rest_mass(problem.probs[problem.candidates], plan.classes)
+        mdt = _choose_matrix_dtype(problem, x_dim, r, mode, budget, rc=rc)
         diag["D"] = r * x_dim
         diag["matrix_dtype"] = str(mdt).replace("torch.", "")
 
@@ -847,6 +1205,7 @@ def _run(
             fisher_weights=weights,
             matrix_dtype=mdt,
             n_threads=n_threads,
+            classes=plan.classes,
         )
         n_backward = n_forward - b if backward else 0
         state = engine.setup(n_forward + n_backward)
@@ -872,15 +1231,15 @@ def _run(
         diag["logdet_gain"] = float(sum(gains))
         diag["forward_gains"] = gains
         objective = None
-        if approx is not None:
-            diag["objective_kind"] = "projected"
+        if approximate:
+            diag["objective_kind"] = "approximate"
     else:
         objective = state.value
         if mode == "identity" and problem.probs is not None:
             objective += x_dim / lam  # softmax null direction of the (projected) parameter space
-        if approx is not None:
-            diag["projected_objective"] = objective
-            diag["objective_kind"] = "projected"
+        if approximate:
+            diag["approximate_objective"] = objective
+            diag["objective_kind"] = "approximate"
             fits = estimate_bytes(
                 n_cand=0, d=problem.d, r=r, matrix_dtype=torch.float64, state_dtype=torch.float64, mode=mode
             )
@@ -919,6 +1278,9 @@ def bait(
     convention: str = "reference",
     approx: str | None = None,
     approx_dim: int | None = None,
+    approx_classes: int | None = None,
+    prefilter: Any = None,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     fisher_weights: Any = None,
     max_memory_gb: float = 8.0,
 ) -> StrategyOutput:
@@ -930,9 +1292,22 @@ def bait(
         oversample: the forward pass picks ``min(oversample * B, n_C)`` points (``1`` = forward only).
         convention: weights of labeled/reserved and picked rows in ``M``: ``"reference"``
             (authors' code), ``"paper"`` or ``"sum"`` (see the module docstring).
-        approx: ``None`` (exact) or ``"pca"``: select on embeddings projected onto the top
-            ``approx_dim`` eigenvectors of the Fisher-weighted pool second moment.
-        approx_dim: projected dimension for ``approx="pca"`` (default ``d // 4``, shrunk to fit).
+        approx: ``None``/``"auto"``: exact BAIT whenever the cost model (selection/scale.py) says it
+            fits ``time_budget_s`` and ``max_memory_gb``, else the first plan that fits among
+            pre-filtering (pools of more than 50,000 candidates), top-``c`` classes and the PCA
+            projection; ``"exact"``/``"none"``: exact, always (no automatic pre-filter); ``"pca"``:
+            select on embeddings projected onto the top ``approx_dim`` eigenvectors of the
+            Fisher-weighted pool second moment; ``"topc"``: each candidate's class Fisher truncated to
+            its top ``approx_classes`` classes (the rest merged into one class: a PSD lower bound);
+            ``"pca+topc"``: both. The plan is ``diagnostics["approximation"]``.
+        approx_dim: projected dimension for ``"pca"`` (default ``d // 4``, shrunk to fit).
+        approx_classes: classes kept per candidate for ``"topc"`` (default: the fewest that leave at
+            most 1 % mean probability mass outside).
+        prefilter: ``None``/``"auto"`` (pre-filter only when auto planning needs to), ``"none"``/``False``,
+            or ``{"top": N, "random": M, "score": "gradnorm" | "margin", "seed": s}``: run BAIT on the
+            ``N`` best candidates by the score plus ``M`` drawn at random from the others, with ``F``
+            estimated from the rows kept.
+        time_budget_s: estimated-time budget of the auto plan (seconds).
         fisher_weights: optional ``n`` nonnegative row weights; ``F`` is their weighted mean of ``I(x)``.
         max_memory_gb: budget for the ``D x D`` matrices and per-candidate state.
 
@@ -941,7 +1316,7 @@ def bait(
 
     Raises:
         ParameterError: a parameter is out of range.
-        MemoryBudgetError: the exact matrices exceed ``max_memory_gb`` (use ``approx="pca"``).
+        MemoryBudgetError: forced exact BAIT exceeds ``max_memory_gb``, or no plan fits the budgets.
     """
     return _run(
         problem,
@@ -954,6 +1329,9 @@ def bait(
         fisher_weights=fisher_weights,
         max_memory_gb=max_memory_gb,
         backward=True,
+        approx_classes=approx_classes,
+        prefilter=prefilter,
+        time_budget_s=time_budget_s,
     )
 
 

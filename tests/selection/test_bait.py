@@ -376,7 +376,7 @@ def test_bait_diagnostics() -> None:
     assert diag["D"] == (3 - 1) * 4
     assert diag["dtype"] == "float64" and diag["matrix_dtype"] == "float64"
     assert diag["device"] == "cpu"
-    assert diag["approximation"] is None
+    assert diag["approximation"]["kind"] == "exact" and diag["approximation"]["requested"] == "auto"
 
 
 def test_logdet_fisher_single_pick_maximises_logdet() -> None:
@@ -449,7 +449,7 @@ def test_bait_pca_approximation_close_to_exact() -> None:
     problem = make_problem(data, 15)
     exact = bait(problem)
     approx = bait(problem, approx="pca", approx_dim=d // 2)
-    assert approx.diagnostics["approximation"] == "pca"
+    assert approx.diagnostics["approximation"]["kind"] == "pca"
     assert approx.diagnostics["approx_dim"] == d // 2
     assert approx.diagnostics["objective_kind"] == "exact"
     gap = approx.diagnostics["exact_objective"] / exact.objective - 1
@@ -464,7 +464,11 @@ def test_bait_memory_budget_error_names_the_approximation() -> None:
     case = Case(seed=51, n=200, d=64, k=6, batch=5)
     problem = make_problem(make_data(case), case.batch)
     with pytest.raises(MemoryBudgetError, match="approx='pca'"):
-        bait(problem, max_memory_gb=1e-3)
+        bait(problem, max_memory_gb=1e-3, approx="exact")
+    # The default (auto) plan projects by itself and records it.
+    auto = bait(problem, max_memory_gb=1e-3)
+    assert auto.diagnostics["approximation"]["kind"] in ("pca", "pca+topc")
+    assert auto.diagnostics["approximation"]["estimated_gb"] <= 1e-3
     # The suggested projection fits the same budget.
     out = bait(problem, max_memory_gb=1e-3, approx="pca", approx_dim=8)
     assert len(out.indices) == case.batch
@@ -491,7 +495,7 @@ def test_bait_default_pca_dim_shrinks_to_budget() -> None:
         {"approx": "random"},
         {"approx": "pca", "approx_dim": 0},
         {"approx": "pca", "approx_dim": 1000},
-        {"approx_dim": 3},
+        {"approx": "exact", "approx_dim": 3},
         {"max_memory_gb": 0},
         {"fisher_weights": [1.0, 2.0]},
         {"fisher_weights": np.full(50, -1.0)},

@@ -73,3 +73,34 @@ def test_float32_agreement_smoke_reports_every_configuration() -> None:
         assert total == 2 and 0 <= same <= 2
         gaps = [float(c.rstrip("%")) for c in cells[4:7]]
         assert all(math.isfinite(g) and abs(g) < 50 for g in gaps), line
+
+
+def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
+    out_json = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "selection_scale.py"), "--smoke", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out_json.read_text())}
+    assert set(rows) == {"smoke-k-gap", "smoke-prefilter", "smoke-auto", "smoke-step"}
+    for row in rows.values():
+        for run in row["runs"]:
+            assert math.isfinite(run["seconds"]) and run["seconds"] >= 0
+            assert len(run["load"]) == 2
+            assert run["plan"]["kind"] in ("exact", "pca", "topc", "pca+topc")
+            assert run["variant"] in proc.stdout
+    gaps = {r["variant"]: r["gap"] for r in rows["smoke-k-gap"]["runs"]}
+    assert gaps["exact"] == 0.0 and abs(gaps["topc"]) < 0.05 and abs(gaps["pca+topc"]) < 0.1
+    pre = rows["smoke-prefilter"]["runs"][1]
+    assert pre["plan"]["prefilter"]["kept_top"] == 600 and abs(pre["gap"]) < 0.05
+    auto = rows["smoke-auto"]["runs"][0]["plan"]
+    assert auto["kind"] != "exact" and auto["estimated_seconds"] <= 0.5
+    legacy, new = rows["smoke-step"]["runs"]
+    assert legacy["indices"] == new["indices"]  # float64: the same picks with either step update
+    assert legacy["step_ms"] > 0 and new["step_ms"] > 0

@@ -1,0 +1,283 @@
+"""BAIT at scale: the auto plan for many classes, pre-filtering for big pools, and their gaps to exact BAIT.
+
+    python bench/selection_scale.py --rows k100-approx        # n = 20,000, d = 512, k = 100, B = 100
+    python bench/selection_scale.py --rows k100-gap,prefilter # objective gaps where exact BAIT runs
+    python bench/selection_scale.py --smoke                   # tiny sizes, seconds
+
+Each row prints its wall time, the plan the library chose or was told (``diagnostics["approximation"]``)
+and, for ``gap`` rows, the exact float64 objective ``tr(M^{-1} F)`` of every variant's set relative to
+exact BAIT's on the same data in the same run (negative: better than greedy exact). The 1-minute load
+average before and after each run is printed with it: the benchmark machine is shared, so times are
+only comparable within a row.
+
+Data: embeddings with a decaying spectrum (``0.97^j``), softmax of a random linear model with logit
+scale ``temp`` (``temp = 60`` at ``k = 100``: mean top-1 probability 0.84, 0.1 % of the mass outside
+the top 8 classes, as a trained classifier; at ``temp = 3`` the softmax is nearly flat and top-c
+truncation does not apply, the auto plan then keeps every class).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Row:
+    """One row: ``variants`` run on the same data; with ``gap``, each is compared with exact BAIT."""
+
+    name: str
+    n: int
+    d: int
+    k: int
+    batch: int
+    temp: float = 60.0
+    n_labeled: int = 100
+    dtype: str = "float32"
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gap: bool = False
+    smoke: bool = False
+
+
+ROWS: list[Row] = [
+    Row(
+        "k100-approx",
+        20_000,
+        512,
+        100,
+        100,
+        variants={"auto, 120 s budget": {"time_budget_s": 120.0}, "auto, 60 s budget": {"time_budget_s": 60.0}},
+    ),
+    Row(
+        "k100-gap",
+        2_000,
+        64,
+        100,
+        20,
+        variants={
+            "topc (auto c)": {"approx": "topc"},
+            "pca+topc d/2": {"approx": "pca+topc", "approx_dim": 32},
+            "pca+topc d/4": {"approx": "pca+topc", "approx_dim": 16},
+        },
+        gap=True,
+    ),
+    Row(
+        "prefilter",
+        100_000,
+        128,
+        10,
+        100,
+        temp=3.0,
+        variants={
+            "top 7500 + random 2500": {"prefilter": {"top": 7500, "random": 2500}},
+            "top 15000 + random 5000": {"prefilter": {"top": 15000, "random": 5000}},
+        },
+        gap=True,
+    ),
+    # The exact greedy step, previous update (BAIT_STEP=legacy: torch.bmm) against the current one
+    # (numpy matmul for the batched small products), alternating; B = 20 (40 forward steps) keeps each
+    # run short, the per-step time is the figure.
+    Row(
+        "n100k-step",
+        100_000,
+        128,
+        10,
+        20,
+        temp=3.0,
+        variants={
+            "legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
+            "new step": {"approx": "exact"},
+            "legacy step again": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
+            "new step again": {"approx": "exact"},
+        },
+    ),
+    # --smoke
+    Row(
+        "smoke-k-gap",
+        400,
+        8,
+        20,
+        5,
+        n_labeled=10,
+        dtype="float64",
+        variants={"topc": {"approx": "topc"}, "pca+topc": {"approx": "pca+topc", "approx_dim": 4}},
+        gap=True,
+        smoke=True,
+    ),
+    Row(
+        "smoke-prefilter",
+        3_000,
+        8,
+        5,
+        10,
+        temp=3.0,
+        n_labeled=20,
+        variants={"prefilter": {"prefilter": {"top": 600, "random": 200}}},
+        gap=True,
+        smoke=True,
+    ),
+    Row("smoke-auto", 2_000, 16, 30, 5, n_labeled=10, variants={"auto 0.5 s": {"time_budget_s": 0.5}}, smoke=True),
+    Row(
+        "smoke-step",
+        3_000,
+        16,
+        10,
+        5,
+        temp=3.0,
+        n_labeled=10,
+        dtype="float64",
+        variants={"legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}}, "new step": {"approx": "exact"}},
+        smoke=True,
+    ),
+]
+
+
+def make_data(row: Row, seed: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    gen = torch.Generator().manual_seed(seed)
+    dt = torch.float64 if row.dtype == "float64" else torch.float32
+    scale = (0.97 ** torch.arange(row.d, dtype=torch.float64)).to(dt)
+    x = torch.randn(row.n, row.d, generator=gen, dtype=dt) * scale
+    w = torch.randn(row.d, row.k, generator=gen, dtype=dt) * (row.temp / math.sqrt(row.d))
+    probs = torch.softmax(x @ w, dim=1)
+    labeled = np.sort(np.random.default_rng(seed).choice(row.n, size=row.n_labeled, replace=False))
+    return x, probs, labeled
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (all threads): less load-sensitive than wall time."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_row(row: Row, seed: int) -> dict[str, Any]:
+    import selection
+
+    x, probs, labeled = make_data(row, seed)
+    kw: dict[str, Any] = {"embeddings": x, "probs": probs, "labeled": labeled, "dtype": row.dtype}
+    out: dict[str, Any] = {"name": row.name, "n": row.n, "d": row.d, "k": row.k, "batch": row.batch, "runs": []}
+    exact_obj: float | None = None
+    if row.gap:
+        before = load1()
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        ex = selection.select("bait", batch_size=row.batch, approx="exact", **kw)
+        exact_obj = ex.objective
+        out["runs"].append(
+            {
+                "variant": "exact",
+                "seconds": time.perf_counter() - t0,
+                "cpu_s": cpu_seconds() - c0,
+                "setup_s": ex.diagnostics["timings"].get("setup"),
+                "load": [before, load1()],
+                "objective": exact_obj,
+                "gap": 0.0,
+                "plan": ex.diagnostics["approximation"],
+            }
+        )
+    for label, all_params in row.variants.items():
+        params = {k: v for k, v in all_params.items() if k != "_env"}
+        env = all_params.get("_env", {})  # environment set for this run only (BAIT_STEP=legacy)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            before = load1()
+            t0, c0 = time.perf_counter(), cpu_seconds()
+            res = selection.select("bait", batch_size=row.batch, **kw, **params)
+            secs = time.perf_counter() - t0
+            cpu = cpu_seconds() - c0
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        diag = res.diagnostics
+        run: dict[str, Any] = {
+            "variant": label,
+            "seconds": secs,
+            "cpu_s": cpu,
+            "load": [before, load1()],
+            "objective": res.objective,
+            "objective_kind": diag.get("objective_kind", "exact"),
+            "plan": diag["approximation"],
+            "setup_s": diag["timings"].get("setup"),
+            "forward_s": diag["timings"].get("forward"),
+            "step_ms": 1e3 * diag["timings"].get("forward", math.nan) / max(1, diag["steps"]["forward"]),
+            "indices": res.indices.tolist(),
+        }
+        if exact_obj is not None and res.objective is not None:
+            run["gap"] = res.objective / exact_obj - 1.0
+        out["runs"].append(run)
+    return out
+
+
+def fmt_plan(plan: dict[str, Any]) -> str:
+    parts = [plan["kind"]]
+    for key in ("pca_dim", "classes"):
+        if key in plan:
+            parts.append(f"{key}={plan[key]}")
+    if "prefilter" in plan:
+        pf = plan["prefilter"]
+        parts.append(f"prefilter top {pf['top']} + random {pf['random']} ({pf['score']})")
+    parts.append(f"est {plan['estimated_seconds']:.3g} s")
+    return ", ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="", help="comma-separated row names (default: every non-smoke row)")
+    ap.add_argument("--smoke", action="store_true", help="tiny rows only")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default="", help="write the results here")
+    args = ap.parse_args(argv)
+    if args.rows:
+        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+        unknown = set(wanted) - {r.name for r in ROWS}
+        if unknown:
+            ap.error(f"unknown rows {sorted(unknown)}; valid: {', '.join(r.name for r in ROWS)}")
+        rows = [r for r in ROWS if r.name in wanted]
+    else:
+        rows = [r for r in ROWS if r.smoke == args.smoke]
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
+    print(
+        "| row | variant | seconds | CPU s | setup s | ms/step | load 1m before/after | objective | gap vs exact "
+        "| plan |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    results = []
+    for row in rows:
+        res = run_row(row, args.seed)
+        results.append(res)
+        for run in res["runs"]:
+            gap = run.get("gap")
+            gap_s = "" if gap is None else f"{100 * gap:+.2f}%"
+            obj = run["objective"]
+            print(
+                f"| {row.name} (n={row.n}, d={row.d}, k={row.k}, B={row.batch}) | {run['variant']} | "
+                f"{run['seconds']:.1f} | {run['cpu_s']:.1f} | {run.get('setup_s') or 0:.1f} | "
+                f"{run.get('step_ms', math.nan):.0f} | "
+                f"{run['load'][0]:.1f}/{run['load'][1]:.1f} | "
+                f"{'' if obj is None else f'{obj:.6g}'} | {gap_s} | {fmt_plan(run['plan'])} |",
+                flush=True,
+            )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

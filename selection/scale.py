@@ -1,0 +1,325 @@
+"""BAIT at scale: top-``c`` class truncation, candidate pre-filtering, and the cost model that picks them.
+
+**Top-c classes.** For a row with softmax ``p``, keep its ``c`` most probable classes ``T`` and merge the
+others into one "rest" class of mass ``p_rest``. The Fisher of that coarser observation is
+
+    C~ = J (diag p~ - p~ p~^T) J^T,   p~ = (p_T, p_rest),   J = [e_t (t in T) | z],  z = p_rest-vector / p_rest,
+
+the covariance of the conditional expectation of the score ``e_y - p`` given the coarse label, so
+``0 <= C~ <= C = diag p - p p^T`` (Loewner order; data processing), ``rank C~ <= c`` and ``C~ = C`` when
+``c = k - 1``. In the reduced class space (Helmert basis ``O`` of ``1^⊥``) its factor is the ``(k-1) x c``
+matrix ``E~ = O^T J O_{c+1} E'`` with ``E' E'^T = O_{c+1}^T (diag p~ - p~ p~^T) O_{c+1}``. Per candidate the
+greedy state becomes ``c x c`` instead of ``(k-1) x (k-1)``, and the pool GEMM of a step ``n d (k-1) 2c``
+instead of ``n d (k-1) 2(k-1)``: the per-candidate ``r^3`` algebra that dominates large ``k`` drops to ``c^3``.
+The pool Fisher ``F`` stays exact (it is a pool average, computed once).
+
+**Pre-filtering.** Keep the top ``N`` candidates by a cheap score (the norm of the BADGE gradient
+embedding ``||p - e_yhat|| ||x||``, or the smallest margin ``p_1 - p_2``) plus ``M`` candidates drawn
+uniformly (seeded) from the rest; run BAIT on them. ``F`` is then estimated from the rows kept
+(stratified: design and top rows count once, each random row ``(n_C - N) / M`` times), an unbiased
+estimate of the pool sum.
+
+**Cost model.** :func:`estimate_seconds` counts multiply-adds of the structured engine (setup, forward
+and backward steps) and divides by per-device rates (:data:`RATES`, calibrated on the 2-core CPU the
+benchmarks ran on); memory is :func:`selection.bait.estimate_bytes`. ``approx=None`` ("auto") keeps exact
+BAIT whenever it fits the time and memory budgets, and otherwise takes the first plan of a ladder
+(pre-filtering for pools above :data:`PREFILTER_MIN_CANDIDATES`, then top-``c`` classes, then the PCA
+projection to ``d/2, d/4, ...``) that fits. The plan and its estimate are recorded in the diagnostics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from selection.errors import ParameterError
+from selection.linalg import helmert_basis, reduced_class_factor
+
+Tensor = torch.Tensor
+
+#: Multiply-adds per second: (pool-sized GEMMs, batched small per-candidate algebra), by device type
+#: and dtype. Calibrated on the benchmark machine (2 shared cores): the n = 100,000, d = 128, k = 10
+#: row's step (2.1e9 GEMM + 3.4e8 small multiply-adds) ran in 0.16 s, its setup (~1.9e11) in 5.2 s.
+RATES: dict[tuple[str, torch.dtype], tuple[float, float]] = {
+    ("cpu", torch.float32): (3e10, 5e9),
+    ("cpu", torch.float64): (1.5e10, 3e9),
+    ("cuda", torch.float32): (5e12, 2e11),
+    ("cuda", torch.float64): (5e11, 5e10),
+}
+#: Effective bytes per second of the ``D x D`` work of a step (block matvecs and rank updates of ``P`` and
+#: ``Q``, counted as ``(3 + 2 c)`` float64 passes): d = 768, k = 10 measured 70-121 ms per forward update.
+STREAM_RATE = {"cpu": 2.5e10, "cuda": 1e12}
+#: Auto pre-filtering is considered only for more candidates than this.
+PREFILTER_MIN_CANDIDATES = 50_000
+#: Auto pre-filtering keeps at least this many candidates (top + random).
+PREFILTER_MIN_KEEP = 10_000
+#: Fraction of the kept candidates taken by score under auto pre-filtering (the rest is random).
+PREFILTER_TOP_FRACTION = 0.75
+#: Auto top-c keeps the smallest ``c`` whose mean probability mass left in the "rest" class is at most
+#: ``min(TOPC_REST_MASS, TOPC_REST_PER_LAM * lam)``. The merged classes' Fisher competes with the ridge
+#: ``lam``: on 12- and 20-class synthetic pools at lam = 0.01 (tests/selection/test_scale.py) a rest mass
+#: of 0.01 left objective gaps of 2-8 %, 0.002 left 0.1-1.7 %.
+TOPC_REST_MASS = 0.01
+TOPC_REST_PER_LAM = 0.2
+#: Smallest PCA dimension the auto ladder goes down to.
+PCA_MIN_DIM = 8
+PREFILTER_SCORES = ("gradnorm", "margin")
+
+
+# --------------------------------------------------------------------------------------------------
+# Top-c classes
+# --------------------------------------------------------------------------------------------------
+
+
+def topc_class_factor(probs: Tensor, c: int, *, dtype: torch.dtype) -> Tensor:
+    """Reduced-space factors ``E~`` (``m x (k-1) x c``) of the top-``c`` coarse-grained class Fisher.
+
+    ``E~ E~^T = O^T C~ O`` with ``C~`` of the module docstring, ``0 <= C~ <= diag p - p p^T``.
+
+    Args:
+        probs: ``m x k`` probabilities.
+        c: classes kept, ``1 <= c <= k - 1``.
+        dtype: dtype of the computation and result.
+
+    Returns:
+        ``m x (k-1) x c`` factors.
+    """
+    k = int(probs.shape[1])
+    if not 1 <= c <= k - 1:
+        raise ParameterError(f"approx_classes must be in [1, k-1={k - 1}], got {c}")
+    dev = probs.device
+    p = probs.to(dtype)
+    basis = helmert_basis(k, dtype=dtype, device=dev)  # k x r
+    top_p, top_i = torch.topk(p, c, dim=1)  # m x c, sorted descending
+    rest_vec = p.scatter(1, top_i, 0.0)  # m x k: the probabilities outside the top c
+    p_rest = rest_vec.sum(1)  # m
+    p_tilde = torch.cat([top_p, p_rest[:, None]], 1)  # m x (c+1)
+    p_tilde = p_tilde / p_tilde.sum(1, keepdim=True)
+    small = reduced_class_factor(p_tilde, helmert_basis(c + 1, dtype=dtype, device=dev))  # m x c x c
+    # O^T J: columns O^T e_t = O[t] for t in T, and O^T z with z = rest_vec / p_rest (0 if p_rest = 0:
+    # the rest class then carries no Fisher and z does not matter).
+    safe = torch.where(p_rest > 0, p_rest, torch.ones_like(p_rest))
+    oz = (rest_vec @ basis) / safe[:, None]  # m x r
+    oz = torch.where((p_rest > 0)[:, None], oz, torch.zeros_like(oz))
+    otj = torch.cat([basis[top_i].transpose(1, 2), oz[:, :, None]], 2)  # m x r x (c+1)
+    return otj @ (helmert_basis(c + 1, dtype=dtype, device=dev) @ small)  # m x r x c
+
+
+def rest_mass(probs: Tensor, c: int) -> float:
+    """Mean probability mass outside each row's top ``c`` classes."""
+    return float(1.0 - torch.topk(probs.to(torch.float64), c, dim=1).values.sum(1).mean())
+
+
+def rest_mass_limit(lam: float) -> float:
+    """Largest mean rest mass the auto top-c accepts at ridge ``lam``."""
+    return min(TOPC_REST_MASS, TOPC_REST_PER_LAM * lam)
+
+
+def auto_classes(probs: Tensor, *, lam: float = 1.0, sample: int = 20_000) -> int:
+    """Smallest ``c`` whose mean rest mass is at most :func:`rest_mass_limit` (``k - 1`` if none is)."""
+    limit = rest_mass_limit(lam)
+    k = int(probs.shape[1])
+    p = probs[:: max(1, probs.shape[0] // sample)].to(torch.float64)
+    cum = torch.sort(p, dim=1, descending=True).values.cumsum(1).mean(0)  # mean top-c mass, c = 1..k
+    for c in range(1, k - 1):
+        if 1.0 - float(cum[c - 1]) <= limit:
+            return c
+    return k - 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Pre-filtering
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prefilter:
+    """A validated pre-filter: ``top`` candidates by ``score`` plus ``random`` drawn from the rest."""
+
+    top: int
+    random: int
+    score: str = "gradnorm"
+    seed: int | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"top": self.top, "random": self.random, "score": self.score, "seed": self.seed}
+
+
+def parse_prefilter(spec: Any, *, regression: bool) -> Prefilter | str | None:
+    """``None``/``"auto"`` -> ``"auto"``; ``False``/``"none"`` -> ``None``; a dict -> :class:`Prefilter`.
+
+    Raises:
+        ParameterError: unknown keys, non-integer or negative sizes, no candidate kept, unknown score.
+    """
+    if spec is None or spec == "auto":
+        return "auto"
+    if spec is False or spec == "none":
+        return None
+    if not isinstance(spec, dict):
+        raise ParameterError(
+            f"prefilter must be None/'auto', 'none'/False or a dict like {{'top': 5000, 'random': 1000, "
+            f"'score': 'gradnorm'}}, got {spec!r}"
+        )
+    unknown = set(spec) - {"top", "random", "score", "seed"}
+    if unknown:
+        raise ParameterError(f"unknown prefilter keys {sorted(unknown)}; valid: top, random, score, seed")
+    sizes = {}
+    for key in ("top", "random"):
+        v = spec.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ParameterError(f"prefilter[{key!r}] must be an integer >= 0, got {v!r}")
+        sizes[key] = v
+    if sizes["top"] + sizes["random"] == 0:
+        raise ParameterError("prefilter keeps no candidate: set 'top' and/or 'random' > 0")
+    score = spec.get("score", "gradnorm")
+    if score not in PREFILTER_SCORES:
+        raise ParameterError(f"prefilter['score'] must be one of {PREFILTER_SCORES}, got {score!r}")
+    if score == "margin" and regression:
+        raise ParameterError("prefilter score 'margin' needs class probabilities; use 'gradnorm' for regression")
+    seed = spec.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ParameterError(f"prefilter['seed'] must be an integer >= 0, got {seed!r}")
+    return Prefilter(top=sizes["top"], random=sizes["random"], score=score, seed=seed)
+
+
+def prefilter_scores(x: Tensor, probs: Tensor | None, kind: str, chunk_size: int) -> Tensor:
+    """Cheap per-row scores, larger = more worth keeping (float64, ``m``)."""
+    out = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
+    for lo in range(0, x.shape[0], chunk_size):
+        hi = min(x.shape[0], lo + chunk_size)
+        xn = x[lo:hi].to(torch.float64).norm(dim=1)
+        if probs is None:
+            out[lo:hi] = xn
+            continue
+        p = probs[lo:hi].to(torch.float64)
+        if kind == "margin":
+            top2 = torch.topk(p, 2, dim=1).values
+            out[lo:hi] = -(top2[:, 0] - top2[:, 1])
+        else:  # gradnorm: ||p - e_yhat|| ||x||, the BADGE gradient embedding's norm
+            pmax = p.max(1).values
+            out[lo:hi] = torch.sqrt(((p * p).sum(1) - 2 * pmax + 1).clamp_min(0)) * xn
+    return out
+
+
+def prefilter_candidates(
+    x: Tensor, probs: Tensor | None, candidates: Tensor, spec: Prefilter, *, seed: int, chunk_size: int
+) -> tuple[Tensor, Tensor, float]:
+    """Rows kept by the pre-filter.
+
+    Returns:
+        ``(top_rows, random_rows, random_weight)``: sorted pool rows of each stratum and the weight
+        ``(n_C - N) / M`` of a random row in the stratified Fisher estimate.
+    """
+    n_c = int(candidates.numel())
+    n_top = min(spec.top, n_c)
+    # Scores of every row, chunked, then the candidates' (no copy of the candidates' embeddings).
+    scores = prefilter_scores(x, probs, spec.score, chunk_size)[candidates]
+    # Stable sort: equal scores keep the lower row first.
+    order = torch.sort(-scores, stable=True).indices
+    top_pos = order[:n_top]
+    rest_pos = order[n_top:]
+    n_rand = min(spec.random, int(rest_pos.numel()))
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(seed if spec.seed is None else spec.seed))
+    pick = torch.randperm(int(rest_pos.numel()), generator=gen)[:n_rand].to(candidates.device)
+    rand_pos = rest_pos[pick]
+    weight = (n_c - n_top) / n_rand if n_rand > 0 else 0.0
+    return torch.sort(candidates[top_pos]).values, torch.sort(candidates[rand_pos]).values, weight
+
+
+# --------------------------------------------------------------------------------------------------
+# Cost model
+# --------------------------------------------------------------------------------------------------
+
+
+def estimate_seconds(
+    *,
+    n_rows: int,
+    n_cand: int,
+    d: int,
+    r: int,
+    rc: int,
+    n_forward: int,
+    n_backward: int,
+    n_design: int,
+    mode: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    pca_from: int | None = None,
+) -> float:
+    """Estimated run time of the structured engine (seconds) from multiply-add counts and :data:`RATES`.
+
+    Args:
+        n_rows: rows of the pool Fisher (all rows).
+        n_cand: candidates.
+        d: embedding dimension the engine sees (after any projection).
+        r: reduced class count (``k - 1``, 1 for regression).
+        rc: columns of each candidate's factor (``c`` under top-c, else ``r``).
+        n_forward: forward steps.
+        n_backward: backward steps.
+        n_design: labeled + reserved rows.
+        mode: ``"fisher"``, ``"identity"`` or ``"logdet"``.
+        device: where it runs.
+        dtype: dtype of the pool-sized work.
+        pca_from: original dimension when projecting (adds the PCA pass).
+    """
+    gemm_rate, small_rate = RATES.get((device.type, dtype), RATES[("cpu", torch.float64)])
+    stream = STREAM_RATE.get(device.type, STREAM_RATE["cpu"])
+    big_d = r * d
+    half = big_d * big_d * (r + 1) / (2 * r)  # quadratic forms over the upper block triangle
+    setup = 0.0
+    if mode == "fisher":
+        setup += n_rows * half  # F
+    if mode != "logdet":
+        setup += n_cand * half  # h
+    if n_design > 0:
+        m_prime = n_design * r
+        if 2 * m_prime < big_d:
+            setup += big_d * big_d * m_prime * 2 + n_cand * (n_design * d + n_design**2 * r * (r + 1) / 2)
+        else:
+            setup += 5 * big_d**3 / 3 + n_cand * min(half, n_design * d + n_design**2 * r * (r + 1) / 2)
+    setup_small = n_cand * 2 * r * r * rc
+    if pca_from is not None:
+        setup += n_rows * pca_from * (pca_from + d)
+    cols = 2 if mode != "logdet" else 1
+    step_gemm = n_cand * d * r * cols * rc
+    step_small = n_cand * (cols * r * rc * rc + 3 * rc**3 + rc**3 / 3)
+    step_mats = (3 + 2 * cols) * big_d * big_d * 8 / stream  # block matvecs and rank updates (float64)
+    fwd = n_forward * (step_gemm / gemm_rate + step_small / small_rate + step_mats)
+    m_b = max(1, n_forward)
+    bwd = n_backward * (m_b * (d * r * cols * rc + 4 * rc**3) / small_rate + step_mats)
+    return (setup / gemm_rate) + setup_small / small_rate + fwd + bwd
+
+
+def ladder_dims(d: int) -> list[int]:
+    """PCA dimensions the auto plan tries, largest first: ``d/2, d/4, ...`` down to :data:`PCA_MIN_DIM`."""
+    out = []
+    dim = d // 2
+    while dim >= PCA_MIN_DIM:
+        out.append(dim)
+        dim //= 2
+    if not out and d > 1:
+        out.append(max(1, d // 2))
+    return out
+
+
+def ladder_prefilter(n_cand: int) -> list[int]:
+    """Kept-candidate counts the auto plan tries: ``n_C/2, n_C/4, ...`` down to :data:`PREFILTER_MIN_KEEP`."""
+    out = []
+    keep = n_cand // 2
+    while keep >= PREFILTER_MIN_KEEP:
+        out.append(keep)
+        keep //= 2
+    if not out or out[-1] > PREFILTER_MIN_KEEP:
+        out.append(min(PREFILTER_MIN_KEEP, n_cand))
+    return out
+
+
+def check_time_budget(value: Any) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ParameterError(f"time_budget_s must be a finite number > 0, got {value!r}")
+    return float(value)
