@@ -219,6 +219,16 @@ def check_request(name: Any, task: str, params: Any, dim: int | None = None) -> 
                 f"parameter {key!r} of strategy {spec.name!r} {problem}, got {value!r}",
                 details={"param": key},
             )
+    if task == "regression":
+        if params.get("approx") in ("topc", "pca+topc") or params.get("approx_classes") is not None:
+            raise BadRequest(
+                f"strategy {spec.name!r}: class truncation (approx 'topc', approx_classes) needs a classification "
+                "pool; regression is rank one already",
+                details={"param": "approx" if params.get("approx_classes") is None else "approx_classes"},
+            )
+        prefilter = params.get("prefilter")
+        if isinstance(prefilter, Mapping) and prefilter.get("score") == "margin":
+            raise BadRequest("prefilter score 'margin' needs class probabilities; use 'gradnorm' for regression")
     approx_dim = params.get("approx_dim")
     if dim is not None and approx_dim is not None and approx_dim > dim:
         raise BadRequest(
@@ -231,31 +241,65 @@ def check_request(name: Any, task: str, params: Any, dim: int | None = None) -> 
 
 SEED_MAX = 2**63 - 1  # seeds are stored as signed 64-bit integers and fed to torch/numpy generators
 CONVENTIONS = ("reference", "paper", "sum")
-APPROXIMATIONS = (None, "pca")
+# selection.bait.APPROX_CHOICES: None/"auto" = exact when it fits the budgets, else the first plan that does.
+APPROX_CHOICES = (None, "auto", "exact", "none", "pca", "topc", "pca+topc")
+PREFILTER_SCORES = ("gradnorm", "margin")
 
 
 def _value_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | None:
     """What the library would reject later about one (well-typed) parameter value, checked before the
     job is queued so a bad request is a 400, never a failed job. ``None`` when the value is fine."""
+    approx = params.get("approx")
     if value is None:
         return None
     if key == "seed" and not 0 <= value <= SEED_MAX:
         return f"must be an integer in [0, {SEED_MAX}]"
-    if key in ("lam", "max_memory_gb") and not value > 0:
+    if key in ("lam", "max_memory_gb", "time_budget_s") and not value > 0:
         return "must be a finite number > 0"
     if key == "max_memory_gb" and value > 1024:
         return "must be at most 1024 (GB)"
+    if key == "time_budget_s" and value > 7 * 86400:
+        return "must be at most a week (604800 s)"
     if key == "oversample" and not 1 <= value <= 100:
         return "must be a number in [1, 100]"
     if key == "convention" and value not in CONVENTIONS:
         return f"must be one of {', '.join(CONVENTIONS)}"
-    if key == "approx" and value not in APPROXIMATIONS:
-        return "must be null (exact) or 'pca'"
+    if key == "approx" and value not in APPROX_CHOICES:
+        return "must be null/'auto', 'exact', 'pca', 'topc' or 'pca+topc'"
     if key == "approx_dim":
-        if params.get("approx") is None:
-            return "is only used with approx='pca'"
+        if approx not in (None, "auto", "pca", "pca+topc"):
+            return "is only used with approx='pca' or 'pca+topc' (or auto)"
         if not 1 <= value <= 65536:
             return "must be an integer in [1, 65536] (and at most the embedding dimension)"
+    if key == "approx_classes":
+        if approx not in (None, "auto", "topc", "pca+topc"):
+            return "is only used with approx='topc' or 'pca+topc' (or auto)"
+        if value < 1:
+            return "must be an integer >= 1 (and below the number of classes)"
+    if key == "prefilter":
+        return _prefilter_problem(value)
+    return None
+
+
+def _prefilter_problem(value: Any) -> str | None:
+    if value in ("auto", "none") or value is False:
+        return None
+    if not isinstance(value, Mapping):
+        return 'must be null/\'auto\', \'none\' or an object like {"top": 5000, "random": 1000, "score": "gradnorm"}'
+    unknown = sorted(set(value) - {"top", "random", "score", "seed"})
+    if unknown:
+        return f"has unknown keys {unknown} (valid: top, random, score, seed)"
+    for k in ("top", "random"):
+        v = value.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10**9:
+            return f"needs {k!r} as an integer in [0, 10^9]"
+    if value.get("top", 0) + value.get("random", 0) == 0:
+        return "keeps no candidate: set 'top' and/or 'random' > 0"
+    if value.get("score", "gradnorm") not in PREFILTER_SCORES:
+        return f"needs 'score' to be one of {', '.join(PREFILTER_SCORES)}"
+    seed = value.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
+        return f"needs 'seed' as an integer in [0, {SEED_MAX}]"
     return None
 
 

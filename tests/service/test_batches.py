@@ -230,7 +230,7 @@ def test_failed_job_records_selection_error_verbatim_and_reserves_nothing(
     run_jobs()
     batch = get_batch(client, auth, pool.pool_id, created["id"])
     assert batch["status"] == "failed"
-    assert batch["error"].startswith("exact BAIT needs about") and "max_memory_gb" in batch["error"]
+    assert batch["error"].startswith("no BAIT plan fits max_memory_gb=1e-09") and "approx" in batch["error"]
     assert batch["item_ids"] is None and batch["checkpoint_id"] is None and batch["finished_at"] is not None
     states = item_states(db, pool.pool_id)
     assert not [i for i, (_, b) in states.items() if b == created["id"]]
