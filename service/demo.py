@@ -183,7 +183,8 @@ def run(url: str, key: str | None, *, rounds: int = 3, batch_size: int = 20, see
     if not key:
         print(
             "error: no API key: pass --key or set BAIT_API_KEY (`make run` prints one at first start; "
-            "or `.venv/bin/bait keys create --tenant NAME`)",
+            "or `.venv/bin/bait keys create --tenant NAME --scope read,label,select,admin`: "
+            "deleting its pool needs admin)",
             file=sys.stderr,
         )
         return 2
