@@ -68,13 +68,18 @@ def _looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2 and all(token.split("."))
 
 
+def http_client(url: str, timeout: float, transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    """The one place the HTTP client to Label Studio is built (egress policy goes here)."""
+    return httpx.Client(base_url=url, timeout=timeout, transport=transport, follow_redirects=True)
+
+
 class LabelStudioClient:
-    """A small synchronous client of the endpoints we use (projects, import, tasks, annotations)."""
+    """A small synchronous client of the endpoints we use (projects, import, tasks, annotations, views)."""
 
     def __init__(self, url: str, token: str, *, timeout: float = 30.0, transport: httpx.BaseTransport | None = None):
         self.url = url.rstrip("/")
         self.token = token
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, follow_redirects=True)
+        self._http = http_client(self.url, timeout, transport)
         self._auth: str | None = None
 
     def close(self) -> None:
@@ -194,6 +199,44 @@ class LabelStudioClient:
         body = self._json("GET", f"/api/tasks/{task_id}/annotations/")
         return list(body) if isinstance(body, list) else []
 
+    def annotation(self, annotation_id: int) -> dict[str, Any] | None:
+        """One annotation as Label Studio has it now (None: it no longer exists)."""
+        try:
+            body = self._json("GET", f"/api/annotations/{annotation_id}/")
+        except LabelStudioError as exc:
+            if exc.kind == "not_found":
+                return None
+            raise
+        return body if isinstance(body, dict) else None
+
+    def task(self, task_id: int) -> dict[str, Any] | None:
+        try:
+            body = self._json("GET", f"/api/tasks/{task_id}/")
+        except LabelStudioError as exc:
+            if exc.kind == "not_found":
+                return None
+            raise
+        return body if isinstance(body, dict) else None
+
+    def update_project(self, project_id: int, fields: dict[str, Any]) -> dict[str, Any]:
+        body = self._json("PATCH", f"/api/projects/{project_id}/", json=fields)
+        return body if isinstance(body, dict) else {}
+
+    def views(self, project_id: int) -> list[dict[str, Any]]:
+        body = self._json("GET", "/api/dm/views/", params={"project": project_id})
+        return list(body) if isinstance(body, list) else []
+
+    def save_view(self, project_id: int, view_id: int | None, data: dict[str, Any]) -> int:
+        """Create (``view_id`` None) or replace a Data Manager view; returns its id."""
+        body = {"project": project_id, "data": data}
+        if view_id is None:
+            out = self._json("POST", "/api/dm/views/", json=body)
+        else:
+            out = self._json("PUT", f"/api/dm/views/{view_id}/", json=body)
+        if not isinstance(out, dict) or "id" not in out:
+            raise LabelStudioError(f"Label Studio answered the view request without an id: {str(out)[:300]}")
+        return int(out["id"])
+
 
 # --------------------------------------------------------------------------------------------------
 # Labeling config and mapping
@@ -247,6 +290,9 @@ class IntegrationConfig:
     predictions: bool = True
     batch_size: int = 10
     strategy: str = "bait"
+    data_map: dict[str, str] | None = None  # item data key -> task data key, where they differ
+    auto_batch: dict[str, Any] | None = None  # {"size", "when": "batch_done" | "every_n_labels", "n"}
+    next_batch_view: bool = True  # keep a Data Manager view "bait: next batch"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IntegrationConfig:
@@ -294,7 +340,12 @@ class Mapping:
 
 
 def resolve_mapping(
-    task: str, classes: list[str] | None, n_outputs: int, config: IntegrationConfig, label_config: str
+    task: str,
+    classes: list[str] | None,
+    n_outputs: int,
+    config: IntegrationConfig,
+    label_config: str,
+    data_keys: set[str] | None = None,
 ) -> Mapping:
     """Check the integration's mapping against the project's labeling config.
 
@@ -326,10 +377,12 @@ def resolve_mapping(
             )
         control = fitting[0]
     shown = parsed.objects.get(control.to_name)
-    if shown is not None and shown != config.data_field:
+    provided = {config.data_field, config.id_field, *task_keys(config, data_keys or set())}
+    if shown is not None and data_keys is not None and shown not in provided:
         raise MappingError(
-            f"the labeling config shows ${shown} in {control.to_name!r}, but the integration puts the item's data in "
-            f"${config.data_field}: set `data_field` to {shown!r}"
+            f"the labeling config shows ${shown} in {control.to_name!r}, but no task will carry it: the item's "
+            f"text/uri goes to ${config.data_field} and item data has the key(s) {sorted(data_keys)[:20]}; set "
+            f"`data_field` to {shown!r}, give items `data` with a {shown!r} key, or map one with `data_map`"
         )
     if task == "classification":
         pool_classes = list(classes or [])
@@ -362,6 +415,50 @@ def resolve_mapping(
             "comma-separated values"
         )
     return Mapping(task=task, control=control.tag, from_name=control.name, to_name=control.to_name, n_outputs=n_outputs)
+
+
+def task_keys(config: IntegrationConfig, data_keys: set[str]) -> set[str]:
+    """The task.data keys that item data with ``data_keys`` becomes (after ``data_map``)."""
+    dmap = config.data_map or {}
+    return {dmap.get(k, k) for k in data_keys}
+
+
+def shown_fields(label_config: str) -> set[str]:
+    """Every task.data field the labeling config shows (``$field`` of its object tags)."""
+    return set(parse_label_config(label_config).objects.values())
+
+
+BATCH_FIELD = "bait_batch"
+RANK_FIELD = "bait_rank"
+
+
+def build_task_data(
+    config: IntegrationConfig,
+    ext: str,
+    data: dict[str, Any] | None,
+    text: str | None,
+    uri: str | None,
+    link: Any,
+) -> dict[str, Any]:
+    """``task.data`` of an item: its data (keys renamed by ``data_map``), its text or uri in ``data_field``
+    when the data does not set that key, and our item id in ``id_field``.
+
+    ``file://`` values (in data or the uri) are replaced by ``link(key, value)``: a signed URL of ours
+    through which Label Studio shows the file; http(s) URLs pass through unchanged.
+    """
+    dmap = config.data_map or {}
+    out: dict[str, Any] = {}
+    for key, value in (data or {}).items():
+        out[dmap.get(key, key)] = link(key, value) if isinstance(value, str) and value.startswith("file://") else value
+    if config.data_field not in out:
+        if text is not None:
+            out[config.data_field] = text
+        elif uri is not None:
+            out[config.data_field] = link(None, uri) if uri.startswith("file://") else uri
+        elif not data:
+            out[config.data_field] = ext  # nothing else to show: at least the id
+    out[config.id_field] = ext
+    return out
 
 
 @dataclass(frozen=True)

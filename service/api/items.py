@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 from service.api.schemas import ItemOut, ItemPage, ItemsUpsert, UpsertResult
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import embedding as embedding_domain
-from service.domain import ingest
+from service.domain import ingest, item_data
 from service.domain import items as items_domain
 from service.domain.pools import get_pool
 from service.errors import ERROR_RESPONSES, ErrorBody, InvalidFile
@@ -35,7 +35,8 @@ _BULK_BODY_DOC = {
         "required": True,
         "description": (
             "An .npz with arrays `ids` (n strings) and `embeddings` (n x d float32/float64), or a Parquet "
-            "file with a string column `id` and a list<float> column `embedding`; as the raw body "
+            "file with a string column `id` and a list<float> column `embedding`; optionally item content as "
+            "JSON strings (.npz: a string array `data`; Parquet: a string column `data`); as the raw body "
             "(any Content-Type, e.g. application/octet-stream) or as the multipart/form-data field `file`."
         ),
         "content": {
@@ -75,6 +76,8 @@ def item_out(pool: Pool, row: ItemRow, include_embedding: bool, info: EmbeddingI
             fields["embedding_error"] = info.error
         if info.source is not None:
             fields["embedding_source"] = info.source
+    if row.data is not None:
+        fields["data"] = row.data
     # Only the fields set here are sent (label or target by the pool's task; embedding on request).
     return ItemOut(**fields)
 
@@ -91,6 +94,7 @@ def upsert_items(
     `GET /v1/pools/{pool}/embed`). Until then they are `pending` and never selected."""
     p = get_pool(session, tenant.id, pool)
     items_domain.check_ids([it.id for it in body.items])
+    item_data.check_data([it.id for it in body.items], [it.data for it in body.items], settings.max_item_data_bytes)
     direct = [it for it in body.items if it.embedding is not None]
     refs = [it for it in body.items if it.embedding is None]
     created = updated = 0
@@ -114,6 +118,7 @@ def upsert_items(
             settings.max_items_per_request,
         )
         created, updated = created + c, updated + u
+    items_domain.store_data(session, p, [(it.id, it.data) for it in body.items if it.data is not None])
     return UpsertResult(created=created, updated=updated, embed_job_id=job_id)
 
 
@@ -139,6 +144,14 @@ async def bulk_upload(
     embedding_column: Annotated[
         str | None,
         Query(max_length=200, description="embeddings array/column (`embeddings` in .npz, `embedding` in Parquet)"),
+    ] = None,
+    data_column: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="item content: a string column/array of JSON objects, one per item (default `data`, "
+            "optional; null or empty string: no data)",
+        ),
     ] = None,
 ) -> UpsertResult:
     """Upsert many items from one file (same semantics as the JSON upsert). The key and the pool are
@@ -172,6 +185,8 @@ async def bulk_upload(
             id_column=id_column,
             embedding_column=embedding_column,
             max_array_bytes=settings.max_upload_bytes,
+            data_column=data_column,
+            max_data_bytes=settings.max_item_data_bytes,
         )
     finally:
         fileobj.close()

@@ -10,12 +10,12 @@ import binascii
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.domain import ingest
+from service.domain import ingest, item_data
 from service.errors import DuplicateId, InvalidCursor, InvalidEmbedding, NotFound, TooManyItems, ValidationFailed
 from service.store import embedding as embedding_repo
 from service.store import items as items_repo
@@ -105,15 +105,30 @@ def upsert_file(
     id_column: str | None,
     embedding_column: str | None,
     max_array_bytes: int,
+    data_column: str | None = None,
+    max_data_bytes: int = 64 * 2**10,
 ) -> tuple[int, int]:
-    """Upsert the items of an .npz or Parquet file; returns ``(created, updated)``."""
+    """Upsert the items of an .npz or Parquet file (with their content when the file has a ``data``
+    column); returns ``(created, updated)``."""
     ids, emb = ingest.parse(fmt, fileobj, id_column, embedding_column, max_array_bytes)
     if not ids:
         raise ingest.InvalidFile("the file holds no items")
     check_ids(ids)
     with np.errstate(over="ignore"):
         emb32 = check_embeddings(pool, ids, emb)
-    return items_repo.upsert_embeddings(session, pool.id, ids, emb32, datetime.now(UTC))
+    fileobj.seek(0)
+    raw = ingest.parse_data_strings(fmt, fileobj, data_column, len(ids), max_array_bytes)
+    datas = item_data.parse_json_strings(ids, raw, max_data_bytes) if raw is not None else None
+    now = datetime.now(UTC)
+    created, updated = items_repo.upsert_embeddings(session, pool.id, ids, emb32, now)
+    if datas is not None:
+        store_data(session, pool, [(e, d) for e, d in zip(ids, datas, strict=True) if d is not None])
+    return created, updated
+
+
+def store_data(session: Session, pool: Pool, values: Sequence[tuple[str, dict[str, Any] | None]]) -> None:
+    """Write validated item content ``(external id, data)`` of items that exist (just upserted)."""
+    items_repo.set_data(session, pool.id, [(e, d) for e, d in values if d is not None], datetime.now(UTC))
 
 
 # ------------------------------------------------------------------------------------------- listing
