@@ -45,7 +45,7 @@ def links(db: sessionmaker[Session]) -> int:
         ("down", "unreachable"),
         ("server_error", "answered 500"),
         ("mapping", "map to no class"),
-        ("shows_other_field", '"body" key is expected'),
+        ("shows_other_field", "has no 'body' for the labeling config to show"),
     ],
 )
 def test_import_failure_shows_on_batch_and_integration(
