@@ -222,6 +222,12 @@ class LabelStudioClient:
         body = self._json("PATCH", f"/api/projects/{project_id}/", json=fields)
         return body if isinstance(body, dict) else {}
 
+    def refresh_ml_backends(self, project_id: int) -> list[dict[str, Any]]:
+        """Listing a project's ML backends makes Label Studio call their /health and /setup again, which
+        updates each backend's model_version to what /setup answers (our latest checkpoint)."""
+        body = self._json("GET", "/api/ml/", params={"project": project_id})
+        return list(body) if isinstance(body, list) else []
+
     def views(self, project_id: int) -> list[dict[str, Any]]:
         body = self._json("GET", "/api/dm/views/", params={"project": project_id})
         return list(body) if isinstance(body, list) else []

@@ -164,6 +164,8 @@ class FakeLabelStudio:
                     if page > 1 and not chunk:
                         return self._send(404, {"detail": "Invalid page."})
                     return self._send(200, {"tasks": chunk, "total": len(rows)})
+                if url.path == "/api/ml/" and method == "GET":
+                    return self._send(200, [])
                 if url.path == "/api/dm/views/" and method == "GET":
                     rows = [v for v in fake.views.values() if v["project"] == int(query["project"])]
                     return self._send(200, rows)

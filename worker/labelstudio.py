@@ -284,6 +284,11 @@ def import_batch(integration_id: str, batch_id: str) -> bool:
                         s, integration_id, [(r[0], t) for r, t in zip(chunk, task_ids, strict=True)], batch_id, utcnow()
                     )
                 imported += len(chunk)
+            if with_model and imported:
+                try:  # model_version of the backend = the checkpoint our predictions carry (score column)
+                    ls.refresh_ml_backends(conn.project_id)
+                except LabelStudioError as exc:
+                    log.warning("could not refresh the ML backends of project %d: %s", conn.project_id, exc)
             view: int | str | None = None
             if conn.config.next_batch_view:
                 try:
