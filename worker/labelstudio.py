@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -67,6 +67,7 @@ from worker import context
 log = logging.getLogger(__name__)
 
 IMPORT_CHUNK = 500
+EVENT_MEMORY = timedelta(days=30)  # how long an applied annotation event is remembered (duplicates)
 
 
 def utcnow() -> datetime:
@@ -512,6 +513,7 @@ def reconcile(integration_id: str, deadline: float | None = None, raise_errors: 
             adoption = {k: counts[k] for k in ("adopted", "unknown", "ambiguous")}
             adoption["linked"] = len(links)
             _state_update(s, integration_id, adoption=adoption, unmatched_annotations=counts["unmatched"])
+            repo.prune_events(s, integration_id, utcnow() - EVENT_MEMORY)
     except Exception as exc:
         message = "ran past its time budget" if isinstance(exc, ReconcileTimeout) else _describe(exc)
         log.warning("reconcile of integration %s failed: %s", integration_id, message)
@@ -681,7 +683,25 @@ def evaluate_policy(integration_id: str) -> str | None:
         integration.state = state
         batch_id = batch.id
     log.info("integration %s: auto batch %s (%s)", integration_id, batch_id, policy)
+    _submit_batch(batch_id)
+    return batch_id
+
+
+def _submit_batch(batch_id: str) -> None:
+    """Run a batch this job created: on Redis, as its own RQ job (any worker takes it); with the
+    in-process runner, here and now (jobs run one after another there anyway)."""
+    settings = context.env().settings
+    if settings.redis_url:
+        from service.queue import RQQueue
+
+        queue = RQQueue(settings)
+        try:
+            queue.enqueue("worker.jobs.run_batch", batch_id, batch_id=batch_id)
+            return
+        except Exception:
+            log.exception("could not submit batch %s to Redis; running it here", batch_id)
+        finally:
+            queue.stop()
     from worker.jobs import run_batch
 
-    run_batch(batch_id)  # here, in this job: the worker has no queue to submit to
-    return batch_id
+    run_batch(batch_id)

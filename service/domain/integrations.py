@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -219,7 +219,7 @@ def request_reconcile(
     session: Session, queue: JobQueue, integration: Integration, trigger: str = "api"
 ) -> ReconcileRun:
     """A reconcile run of the integration, submitted after commit; one already waiting is reused."""
-    waiting = repo.queued_reconcile(session, integration.id)
+    waiting = repo.queued_reconcile(session, integration.id, utcnow() - timedelta(minutes=10))
     if waiting is not None:
         return waiting
     run = ReconcileRun(integration_id=integration.id, trigger=trigger, status="queued", created_at=utcnow())

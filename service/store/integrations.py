@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -70,9 +70,23 @@ def data_keys(session: Session, pool_id: str, sample: int = 1000) -> set[str]:
     return keys
 
 
-def queued_reconcile(session: Session, integration_id: str) -> ReconcileRun | None:
-    stmt = select(ReconcileRun).where(ReconcileRun.integration_id == integration_id, ReconcileRun.status == "queued")
+def queued_reconcile(session: Session, integration_id: str, since: datetime) -> ReconcileRun | None:
+    """A run of the integration still waiting that was requested after ``since`` (older ones may have been
+    lost with their job and are not reused)."""
+    stmt = select(ReconcileRun).where(
+        ReconcileRun.integration_id == integration_id,
+        ReconcileRun.status == "queued",
+        ReconcileRun.created_at > since,
+    )
     return session.execute(stmt.order_by(ReconcileRun.created_at).limit(1)).scalar_one_or_none()
+
+
+def prune_events(session: Session, integration_id: str, before: datetime) -> None:
+    session.execute(
+        delete(LabelStudioEvent).where(
+            LabelStudioEvent.integration_id == integration_id, LabelStudioEvent.created_at < before
+        )
+    )
 
 
 def get_reconcile(session: Session, integration_id: str, run_id: str) -> ReconcileRun | None:
