@@ -220,11 +220,6 @@ def redeliver(batch_id: str) -> str | None:
     return outcome
 
 
-def batch_finished(batch_id: str) -> None:
-    """Kept for callers of the old flow: push a succeeded batch (pushing twice creates no task)."""
-    deliver(batch_id)
-
-
 def _note_on_batch(factory: sessionmaker[Session], batch_id: str, integration_id: str, info: dict[str, Any]) -> None:
     with session_scope(factory) as s:
         batch = s.get(Batch, batch_id)
