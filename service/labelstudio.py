@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ REGRESSION_CONTROLS = ("number", "rating", "textarea")
 
 
 class LabelStudioError(Exception):
-    """A call to Label Studio failed; ``kind`` is unreachable | auth | not_found | rejected | mapping."""
+    """A call to Label Studio failed; ``kind`` is unreachable | auth | not_found | rejected | mapping | timeout."""
 
     def __init__(self, message: str, kind: str = "rejected", status_code: int | None = None) -> None:
         super().__init__(message)
@@ -170,11 +171,19 @@ class LabelStudioClient:
             raise LabelStudioError(f"Label Studio's import answered without {len(tasks)} task ids: {str(body)[:300]}")
         return [int(i) for i in ids]
 
-    def tasks(self, project_id: int, page_size: int = 100) -> list[dict[str, Any]]:
-        """Every task of the project with its data and annotations (paged through ``GET /api/tasks``)."""
+    def tasks(self, project_id: int, page_size: int = 100, deadline: float | None = None) -> list[dict[str, Any]]:
+        """Every task of the project with its data and annotations (paged through ``GET /api/tasks``).
+
+        Raises:
+            LabelStudioError: ``kind="timeout"`` when ``deadline`` (``time.monotonic()``) passes first.
+        """
         out: list[dict[str, Any]] = []
         page = 1
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise LabelStudioError(
+                    f"reading the project's tasks ran past its time budget after {len(out)} task(s)", kind="timeout"
+                )
             try:
                 body = self._json(
                     "GET",

@@ -163,10 +163,6 @@ def _state_update(s: Session, integration_id: str, **changes: Any) -> dict[str, 
 # --------------------------------------------------------------------------------------------------
 
 
-class ReconcileTimeout(Exception):
-    """A reconcile ran past its time budget."""
-
-
 def has_integrations(s: Session, pool_id: str) -> bool:
     return bool(repo.pool_integration_ids(s, pool_id))
 
@@ -407,7 +403,7 @@ def run_reconcile(run_id: str, deadline: float | None = None) -> dict[str, int] 
     try:
         counts = reconcile(integration_id, deadline=deadline, raise_errors=True)
     except Exception as exc:
-        error = "ran past its time budget" if isinstance(exc, ReconcileTimeout) else _describe(exc)
+        error = _describe(exc)
     with session_scope(factory) as s:
         run = s.get(ReconcileRun, run_id)
         if run is not None:
@@ -446,9 +442,7 @@ def reconcile(integration_id: str, deadline: float | None = None, raise_errors: 
             return None
         with _client(conn) as ls:
             mapping = _refresh_mapping(factory, conn, ls)
-            tasks = ls.tasks(conn.project_id)
-        if deadline is not None and time.monotonic() > deadline:
-            raise ReconcileTimeout()
+            tasks = ls.tasks(conn.project_id, deadline=deadline)
         counts["tasks"] = len(tasks)
         with session_scope(factory) as s:
             pool = s.get(Pool, conn.pool_id)
@@ -510,7 +504,7 @@ def reconcile(integration_id: str, deadline: float | None = None, raise_errors: 
             _state_update(s, integration_id, adoption=adoption, unmatched_annotations=counts["unmatched"])
             repo.prune_events(s, integration_id, utcnow() - EVENT_MEMORY)
     except Exception as exc:
-        message = "ran past its time budget" if isinstance(exc, ReconcileTimeout) else _describe(exc)
+        message = _describe(exc)
         log.warning("reconcile of integration %s failed: %s", integration_id, message)
         _record(factory, integration_id, f"reconcile: {message}")
         if raise_errors:

@@ -369,3 +369,30 @@ def test_connect_rejects_bad_options_and_writes_nothing(
     assert r.status_code == status, r.text
     assert says in r.json()["error"]["message"]
     assert count(db, Integration) == 0 and count(db, ReconcileRun) == 0
+
+
+def test_reconcile_before_a_batch_is_bounded_in_time(
+    client: TestClient,
+    auth: dict[str, str],
+    db: sessionmaker[Session],
+    run_jobs: Any,
+    ls: FakeLabelStudio,
+    settings: Settings,
+) -> None:
+    from worker import context
+    from worker.labelstudio import before_batch
+
+    pool = make_pool(db, n=40, n_labeled=6)
+    created = connect(client, auth, pool.pool_id, ls).json()
+    run_jobs()
+    context.configure(settings)
+    warnings = before_batch(pool.pool_id, budget_s=0.0)
+    assert len(warnings) == 1 and "time budget" in warnings[0] and created["id"] in warnings[0]
+    with session_scope(db) as s:
+        run = s.execute(select(ReconcileRun).where(ReconcileRun.trigger == "batch")).scalar_one()
+        assert run.status == "failed" and "time budget" in (run.error or "")
+    # and a batch whose reconcile fails goes on with the labels it has, saying so
+    ls.fail_with = 500
+    batch = run_batch(client, auth, pool.pool_id, run_jobs, size=2, strategy="random")
+    assert batch["status"] == "succeeded" and batch["delivery"] == "failed"
+    assert "before selection" in batch["diagnostics"]["labelstudio_warnings"][0]
