@@ -4,7 +4,8 @@ Each job takes ids (JSON), opens its own short transactions, and runs the same w
 in-process runner and under RQ:
 
 - :func:`run_batch`: load the pool, train a head on the labeled items, embed the pool, select, then
-  reserve the chosen items and write the result in one transaction.
+  reserve the chosen items and write the result in one transaction. A pool connected to Label Studio
+  reconciles its projects first and pushes the batch before it is marked ``succeeded``.
 - :func:`run_select`: the stateless ``POST /v1/select`` job.
 - :func:`predict`: class probabilities (or targets) of some items from the pool's latest checkpoint.
 

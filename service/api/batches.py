@@ -31,7 +31,10 @@ class BatchCreate(BaseModel):
 
 
 class Progress(BaseModel):
-    stage: str | None = Field(description="queued | load | train | embed | select | store | done")
+    stage: str | None = Field(
+        description="queued | reconcile | load | train | embed | select | store | push | done (reconcile and push: "
+        "pools connected to Label Studio)"
+    )
     done: int
     total: int
 

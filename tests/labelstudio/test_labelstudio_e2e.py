@@ -278,6 +278,22 @@ def test_text_project_url_mode(labelstudio: tuple[str, str], service: tuple[str,
     assert [t["data"]["item_id"] for t in loop.tasks(view)] == second["item_ids"]
     assert len(loop.tasks()) == 8
     log("lost webhooks reconciled before batch 2's selection; the view now lists batch 2", t0)
+
+    # Data Manager -> select all -> "Retrieve predictions": every task gets the new checkpoint's prediction,
+    # and the prediction score column is filled (the backend's model_version is the predictions' one)
+    r = loop.ls.post(
+        "/api/dm/actions",
+        params={"id": "retrieve_tasks_predictions", "project": loop.project},
+        json={"selectedItems": {"all": True, "excluded": []}},
+    )
+    assert r.status_code == 200, r.text
+    tasks = loop.tasks()
+    assert all(second["checkpoint_id"] in {p["model_version"] for p in t["predictions"]} for t in tasks), [
+        [p["model_version"] for p in t["predictions"]] for t in tasks
+    ]
+    scores = [t.get("predictions_score") for t in loop.tasks(view)]
+    assert scores and all(isinstance(x, float) and 0 < x <= 1 for x in scores), scores
+    log("Retrieve predictions: every task has the latest checkpoint's prediction; score column filled", t0)
     loop.assert_no_401()
 
 
