@@ -1,7 +1,7 @@
 """A small Label Studio stand-in served for real on 127.0.0.1 (a test peer, not a mock of our code).
 
 It speaks the few endpoints the service calls, with Label Studio's shapes and status codes: token auth
-(``Authorization: Token <token>``; 401 otherwise), ``GET /api/projects/{id}/``, ``POST
+(``Authorization: Token <token>``; 401 otherwise), ``GET``/``PATCH /api/projects/{id}/``, ``POST
 /api/projects/{id}/import?return_task_ids=true`` (400 when a task lacks a field the labeling config
 shows, as Label Studio does), ``GET /api/tasks/?project=&page=&page_size=&fields=all`` (404 past the last
 page), ``GET /api/tasks/{id}/annotations/``, ``GET /api/annotations/{id}/`` and the Data Manager views
@@ -131,6 +131,12 @@ class FakeLabelStudio:
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
+                if (m := re.fullmatch(r"/api/projects/(\d+)/", url.path)) and method == "PATCH":
+                    project = fake.projects.get(int(m[1]))
+                    if project is None:
+                        return self._send(404, {"detail": "Not found."})
+                    project.update(body or {})
+                    return self._send(200, project)
                 if m := re.fullmatch(r"/api/projects/(\d+)/", url.path):
                     project = fake.projects.get(int(m[1]))
                     return self._send(200, project) if project else self._send(404, {"detail": "Not found."})
@@ -199,6 +205,9 @@ class FakeLabelStudio:
 
             def do_PUT(self) -> None:
                 self._route("PUT")
+
+            def do_PATCH(self) -> None:
+                self._route("PATCH")
 
         return Handler
 

@@ -276,11 +276,8 @@ def import_batch(integration_id: str, batch_id: str) -> bool:
                         s, integration_id, [(r[0], t) for r, t in zip(chunk, task_ids, strict=True)], batch_id, utcnow()
                     )
                 imported += len(chunk)
-            if with_model and imported:
-                try:  # model_version of the backend = the checkpoint our predictions carry (score column)
-                    ls.refresh_ml_backends(conn.project_id)
-                except LabelStudioError as exc:
-                    log.warning("could not refresh the ML backends of project %d: %s", conn.project_id, exc)
+            if with_model and imported and checkpoint_id is not None:
+                _align_model_version(ls, conn.project_id, checkpoint_id)
             view: int | str | None = None
             if conn.config.next_batch_view:
                 try:
@@ -302,6 +299,18 @@ def import_batch(integration_id: str, batch_id: str) -> bool:
     _note_on_batch(factory, batch_id, integration_id, info)
     log.info("batch %s: %d task(s) imported into Label Studio project %d", batch_id, imported, conn.project_id)
     return True
+
+
+def _align_model_version(ls: LabelStudioClient, project_id: int, checkpoint_id: str) -> None:
+    """Make Label Studio's model versions the checkpoint our predictions carry: the project's (its
+    prediction score column averages the predictions of that version; Label Studio had set it to the
+    backend's title) and the backends' (listing them makes Label Studio ask /setup again). Best effort:
+    the tasks are in either way."""
+    try:
+        ls.update_project(project_id, {"model_version": checkpoint_id})
+        ls.refresh_ml_backends(project_id)
+    except LabelStudioError as exc:
+        log.warning("could not align the model version of project %d: %s", project_id, exc)
 
 
 VIEW_TITLE = "bait: next batch"

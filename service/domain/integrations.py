@@ -6,12 +6,15 @@ accepted, the project exists, and the mapping fits its labeling config (see
 :func:`service.labelstudio.resolve_mapping`). The API token is stored Fernet-encrypted
 (:mod:`service.crypto`) and never returned. A random secret is generated per integration; its SHA-256 is
 stored and the secret is shown once, inside the ML-backend URL
-``<public url>/labelstudio/<integration id>/<secret>``.
+``<public url>/labelstudio/<integration id>/<secret>`` (``rotate-secret`` makes a new one). A first
+reconcile run is queued at connect: it adopts the project's tasks that carry item ids.
 
 Webhook work is queued (Label Studio waits one second for an answer and never retries): annotation
-created/updated events become a ``worker.labelstudio.apply_annotation`` job, deletions a reconcile job
-(``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
-``START_TRAINING`` creates the next batch of the integration's configured size and strategy.
+created/updated events become a ``worker.labelstudio.apply_annotation`` job (applied once per annotation
+id and updated time; an unauthenticated event is a hint read back from Label Studio), deletions a
+reconcile run (``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
+``START_TRAINING`` a ``worker.labelstudio.train_requested`` job: the integration's ``auto_batch`` policy
+decides whether and when it becomes a batch.
 """
 
 from __future__ import annotations

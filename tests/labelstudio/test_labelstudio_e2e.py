@@ -15,6 +15,7 @@ Only Label Studio's automatic webhook (created when the ML backend is added) is 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -250,7 +251,9 @@ def test_text_project_url_mode(labelstudio: tuple[str, str], service: tuple[str,
     preds = [p for t in found for p in t.get("predictions", [])]
     assert {p["model_version"] for p in preds} == {first["checkpoint_id"]}
     backends = loop.ls.get("/api/ml/", params={"project": loop.project}).json()
-    assert backends[0]["model_version"] == first["checkpoint_id"]  # the score column's version
+    assert backends[0]["model_version"] == first["checkpoint_id"]
+    project = loop.ls.get(f"/api/projects/{loop.project}/").json()
+    assert project["model_version"] == first["checkpoint_id"]  # the score column's version
     log("batch 1: 4 tasks with their text, the view lists them in rank order, model_version consistent", t0)
 
     by_ext = {t["data"]["item_id"]: t for t in found}
@@ -291,8 +294,14 @@ def test_text_project_url_mode(labelstudio: tuple[str, str], service: tuple[str,
     assert all(second["checkpoint_id"] in {p["model_version"] for p in t["predictions"]} for t in tasks), [
         [p["model_version"] for p in t["predictions"]] for t in tasks
     ]
-    scores = [t.get("predictions_score") for t in loop.tasks(view)]
-    assert scores and all(isinstance(x, float) and 0 < x <= 1 for x in scores), scores
+    # the Data Manager sorted by the prediction score column (it computes the column only when shown)
+    positive = {"filter": "filter:tasks:predictions_score", "operator": "greater", "type": "Number", "value": 0}
+    query = {"ordering": ["-tasks:predictions_score"], "filters": {"conjunction": "and", "items": [positive]}}
+    params = {"project": loop.project, "fields": "all", "page_size": 100, "query": json.dumps(query)}
+    scored = loop.ls.get("/api/tasks/", params=params).json()["tasks"]
+    scores = [t.get("predictions_score") for t in scored]
+    assert len(scored) == 8 and all(isinstance(x, float) and 0 < x <= 1 for x in scores), scores
+    assert scores == sorted(scores, reverse=True)
     log("Retrieve predictions: every task has the latest checkpoint's prediction; score column filled", t0)
     loop.assert_no_401()
 

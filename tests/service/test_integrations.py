@@ -204,6 +204,7 @@ def test_batch_imported_as_tasks_once_with_predictions(
     assert [t["data"]["item_id"] for t in ls.view_tasks(info["view_id"])] == batch["item_ids"]
     pred = tasks[0]["predictions"][0]
     assert pred["model_version"] == batch["checkpoint_id"] and 0 < pred["score"] <= 1
+    assert ls.projects[7]["model_version"] == batch["checkpoint_id"]  # the score column's version
     assert pred["result"][0]["from_name"] == "label" and pred["result"][0]["value"]["choices"][0] in {
         "ant",
         "bee",

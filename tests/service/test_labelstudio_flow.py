@@ -396,3 +396,29 @@ def test_reconcile_before_a_batch_is_bounded_in_time(
     batch = run_batch(client, auth, pool.pool_id, run_jobs, size=2, strategy="random")
     assert batch["status"] == "succeeded" and batch["delivery"] == "failed"
     assert "before selection" in batch["diagnostics"]["labelstudio_warnings"][0]
+
+
+def test_items_given_by_uri_show_it_and_file_links_need_a_data_root(
+    settings: Settings,
+    client: TestClient,
+    db: sessionmaker[Session],
+    auth: dict[str, str],
+    run_jobs: Any,
+    tmp_path: Path,
+) -> None:
+    pool = make_pool(db, n=20, n_labeled=6)
+    (tmp_path / "a.png").write_bytes(PNG)
+    with session_scope(db) as s:
+        for item in s.execute(select(Item).where(Item.pool_id == pool.pool_id)).scalars():
+            item.uri = f"file://{tmp_path}/a.png"
+    with fake_labelstudio(label_config=IMAGE_CONFIG) as ls:
+        created = connect(client, auth, pool.pool_id, ls, data_field="image").json()
+        assert created["status"] == "ok", created
+        run_batch(client, auth, pool.pool_id, run_jobs, size=2, strategy="random")
+        image = next(iter(ls.tasks.values()))["data"]["image"]
+    assert image.startswith("http://testserver/labelstudio/content/")
+    r = client.get(urlsplit(image).path)  # this app has no BAIT_DATA_ROOT
+    assert r.status_code == 403 and "BAIT_DATA_ROOT" in r.json()["error"]["message"]
+    with TestClient(create_app(settings.model_copy(update={"data_root": tmp_path}))) as rooted:
+        got = rooted.get(urlsplit(image).path)
+        assert got.status_code == 200 and got.content == PNG
