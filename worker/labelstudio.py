@@ -205,10 +205,17 @@ def deliver(batch_id: str) -> str | None:
 
 
 def redeliver(batch_id: str) -> str | None:
-    """The retry endpoint's job: push a succeeded batch again (only items without a task yet)."""
+    """The retry endpoint's job: reconcile first (tasks imported meanwhile are adopted, not duplicated),
+    then push the succeeded batch's items that have no task yet."""
+    env = context.env()
+    with session_scope(env.sessionmaker) as s:
+        batch = batches_repo.get_batch_by_id(s, batch_id)
+        if batch is None or batch.status != "succeeded":
+            return None
+        pool_id = batch.pool_id
+    before_batch(pool_id, env.settings.labelstudio_reconcile_budget_seconds)
     outcome = deliver(batch_id)
     if outcome == "delivered":
-        env = context.env()
         with session_scope(env.sessionmaker) as s:
             batch = s.get(Batch, batch_id)
             if batch is not None and (batch.error or "").startswith("Label Studio import failed"):

@@ -302,11 +302,14 @@ def test_failed_push_is_a_clear_state_and_can_be_retried(
     batch = run_batch(client, auth, pool.pool_id, run_jobs, size=3, strategy="random")
     assert batch["status"] == "succeeded" and batch["delivery"] == "failed" and "answered 503" in batch["error"]
     ls.fail_with = None
+    ls.add_task({"item_id": batch["item_ids"][0], "text": "the user's own copy"})  # meanwhile, by hand
     r = client.post(f"/v1/pools/{pool.pool_id}/batches/{batch['id']}/delivery", headers=auth)
     assert r.status_code == 202
     run_jobs(until=lambda: len(ls.tasks) == 3)
+    run_jobs()
     again = client.get(f"/v1/pools/{pool.pool_id}/batches/{batch['id']}", headers=auth).json()
     assert again["delivery"] == "delivered" and again["error"] is None
+    assert sorted(t["data"]["item_id"] for t in ls.tasks.values()) == sorted(batch["item_ids"])  # no duplicate
     queued = client.post(f"/v1/pools/{pool.pool_id}/batches", json={"size": 2, "strategy": "random"}, headers=auth)
     r = client.post(f"/v1/pools/{pool.pool_id}/batches/{queued.json()['id']}/delivery", headers=auth)
     assert r.status_code == 409
