@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest JSON request body")
     max_upload_bytes: int = Field(default=2 * 2**30, ge=1024, description="largest bulk upload (.npy/.npz/Parquet)")
     max_items_per_request: int = Field(default=100_000, ge=1, description="items or labels in one JSON request")
+    max_item_data_bytes: int = Field(
+        default=64 * 2**10, ge=64, le=16 * 2**20, description="largest `data` object of one item (as compact JSON)"
+    )
     reservation_ttl_seconds: int = Field(default=24 * 3600, ge=1, description="how long batch items stay reserved")
     sync_select_max_cells: int = Field(
         default=2_000_000, ge=1, description="POST /v1/select answers synchronously up to n*d*max(k,1) cells"
@@ -73,6 +76,14 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="how often the api submits the job that retries due webhook deliveries"
     )
     labelstudio_timeout_seconds: float = Field(default=30.0, gt=0, description="HTTP timeout of calls to Label Studio")
+    labelstudio_content_ttl_seconds: int = Field(
+        default=30 * 86400,
+        ge=60,
+        description="lifetime of the signed URLs through which Label Studio shows file:// item content",
+    )
+    labelstudio_reconcile_budget_seconds: float = Field(
+        default=60.0, gt=0, description="a batch job reconciles its Label Studio projects for at most this long first"
+    )
     public_url: str | None = Field(
         default=None,
         description="this service's URL as Label Studio reaches it; used to show the ML-backend URL of an integration",

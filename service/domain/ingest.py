@@ -148,3 +148,58 @@ def parse_parquet(fileobj: IO[bytes], id_col: str, emb_col: str) -> tuple[list[s
         raise InvalidFile(f"column {emb_col!r} has null values inside embeddings")
     emb = values.to_numpy(zero_copy_only=False).reshape(n, d)
     return ids_col.to_pylist(), emb
+
+
+def parse_data_strings(
+    fmt: FileFormat, fileobj: IO[bytes], data_column: str | None, n: int, max_array_bytes: int
+) -> list[str | None] | None:
+    """Item content as JSON strings, one per item: the ``data`` column (Parquet, strings, null: none) or
+    array (.npz, 1-D strings, empty: none). ``None`` when the file has none and none was asked for.
+
+    Raises:
+        InvalidFile: the column/array asked for is missing, not strings, or not one per item.
+    """
+    name = data_column or "data"
+    if fmt == "npz":
+        try:
+            npz = np.load(fileobj, allow_pickle=False)
+        except Exception as exc:
+            raise InvalidFile(f"not a readable .npz file: {exc}") from exc
+        with npz:
+            if name not in npz.files:
+                if data_column is not None:
+                    raise InvalidFile(f".npz has no array {name!r} (arrays in the file: {npz.files})")
+                return None
+            size = npz.zip.getinfo(name + ".npy").file_size if npz.zip is not None else 0
+            if size > max_array_bytes:
+                raise InvalidFile(f"array {name!r} inflates to {size} bytes, above the limit of {max_array_bytes}")
+            try:
+                arr = npz[name]
+            except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+                raise InvalidFile(f"cannot read array {name!r} of the .npz: {exc}") from exc
+        if arr.ndim != 1 or arr.shape[0] != n:
+            raise InvalidFile(f"array {name!r} must be 1-D with one JSON string per item ({n}), got {list(arr.shape)}")
+        if arr.dtype.kind == "U":
+            return [s or None for s in arr.tolist()]
+        if arr.dtype.kind == "S":
+            try:
+                return [b.decode("utf-8") or None for b in arr.tolist()]
+            except UnicodeDecodeError as exc:
+                raise InvalidFile(f"array {name!r} holds bytes that are not UTF-8") from exc
+        raise InvalidFile(f"array {name!r} must hold JSON strings, got dtype {arr.dtype}")
+    try:
+        pf = pq.ParquetFile(fileobj)
+        if name not in pf.schema_arrow.names:
+            if data_column is not None:
+                raise InvalidFile(f"Parquet file has no column {name!r} (columns: {pf.schema_arrow.names})")
+            return None
+        col = pf.read(columns=[name]).column(name)
+    except InvalidFile:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InvalidFile(f"not a readable Parquet file: {exc}") from exc
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise InvalidFile(f"column {name!r} must hold JSON strings, got {col.type}")
+    if len(col) != n:
+        raise InvalidFile(f"column {name!r} has {len(col)} rows for {n} items")
+    return cast(list[str | None], col.to_pylist())
