@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -227,3 +229,21 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+_SAFE_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def tenant_data_root(settings: Any, tenant_name: str) -> Path | None:
+    """The folder a tenant's ``file://`` references must lie in, or None (file:// refused for it).
+
+    The operator's assignment (``tenant_data_roots``) wins; otherwise ``<data_root>/<tenant name>``
+    when ``data_root`` is set and the name is a plain folder name (letters, digits, ``.``, ``_``, ``-``).
+    """
+    assigned = (getattr(settings, "tenant_data_roots", None) or {}).get(tenant_name)
+    if assigned is not None:
+        return Path(assigned)
+    root = getattr(settings, "data_root", None)
+    if root is None or not _SAFE_FOLDER.fullmatch(tenant_name) or tenant_name in (".", ".."):
+        return None
+    return Path(root) / tenant_name

@@ -5,7 +5,8 @@ A task never carries a path on our disk: a ``file://`` value in an item's data (
 the data key (empty: the item's uri) and an expiry, and is signed with HMAC-SHA256 under a key derived
 from the service secret (``BAIT_SECRET_KEY`` or the embedded key file). The route that serves it checks
 the signature and expiry, reads the item's *current* reference, and serves the file only if it lies
-under ``BAIT_DATA_ROOT`` and is a media file (image, audio, video, plain text).
+under the tenant's data root (``$BAIT_DATA_ROOT/<tenant name>/`` or
+the folder the operator assigned it) and is a media file (image, audio, video, plain text).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service import crypto
-from service.config import Settings
+from service.config import Settings, tenant_data_root
 from service.errors import NotFound, ServiceError
-from service.store.models import Item
+from service.store.models import Item, Pool, Tenant
 
 SERVED_TYPES = ("image/", "audio/", "video/", "text/plain")
 
@@ -97,23 +98,31 @@ def resolve(session: Session, settings: Settings, ref: ContentRef) -> tuple[Path
         ContentForbidden: outside the data root, file:// disabled, or not a media file.
     """
     row = session.execute(
-        select(Item.data, Item.uri).where(Item.pool_id == ref.pool_id, Item.external_id == ref.item_id)
+        select(Item.data, Item.uri, Tenant.name)
+        .join(Pool, Pool.id == Item.pool_id)
+        .join(Tenant, Tenant.id == Pool.tenant_id)
+        .where(Item.pool_id == ref.pool_id, Item.external_id == ref.item_id)
     ).one_or_none()
     if row is None:
         raise NotFound("the item behind this content link no longer exists")
-    data, uri = row
+    data, uri, tenant_name = row
     value = (data or {}).get(ref.key) if ref.key is not None else uri
     if not isinstance(value, str) or not value.startswith("file://"):
         raise NotFound("the item no longer has this file reference")
-    if settings.data_root is None:
-        raise ContentForbidden("file:// content is disabled: the operator has not set BAIT_DATA_ROOT")
+    # The same folder the tenant's embed jobs read (worker.references.FetchLimits): the tenant's own.
+    root = tenant_data_root(settings, tenant_name)
+    if root is None:
+        raise ContentForbidden(
+            "file:// content is disabled for this tenant: the operator has not set BAIT_DATA_ROOT "
+            "(or assigned the tenant a folder)"
+        )
     parts = urlsplit(value)
     raw = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not raw.startswith("/") or "\x00" in raw:
         raise ContentForbidden("the item's file reference is not a file:///absolute/path")
     real = Path(os.path.realpath(raw))
-    if not real.is_relative_to(Path(os.path.realpath(settings.data_root))):
-        raise ContentForbidden("the item's file lies outside the data root")
+    if not real.is_relative_to(Path(os.path.realpath(root))):
+        raise ContentForbidden("the item's file lies outside the data root (this tenant's own folder)")
     media = mimetypes.guess_type(real.name)[0] or "application/octet-stream"
     if not media.startswith(SERVED_TYPES):
         raise ContentForbidden(f"only image, audio, video and plain-text files are served (this is {media})")

@@ -35,6 +35,13 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 
 
 @pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The fake Label Studio listens on 127.0.0.1, which the outbound guard refuses by default: the
+    operator allowlist opens it, as the README's local setup does."""
+    return settings.model_copy(update={"outbound_allow": "127.0.0.1"})
+
+
+@pytest.fixture
 def ls() -> Iterator[FakeLabelStudio]:
     with fake_labelstudio() as fake:
         yield fake
@@ -88,8 +95,10 @@ def test_text_tasks_show_item_data_with_renames(
 def test_image_tasks_show_urls_and_signed_links_to_files(
     settings: Settings, db: sessionmaker[Session], auth: dict[str, str], run_jobs: Any, tmp_path: Path
 ) -> None:
-    root = tmp_path / "data"
-    (root / "img").mkdir(parents=True)
+    root = tmp_path / "data"  # BAIT_DATA_ROOT; the pool's tenant "acme" reads only <root>/acme/
+    (root / "acme" / "img").mkdir(parents=True)
+    (root / "other").mkdir(parents=True)
+    (root / "other" / "theirs.png").write_bytes(PNG)
     (tmp_path / "secret.png").write_bytes(PNG)
     pool = make_pool(db, n=20, n_labeled=6)
     data: dict[str, dict[str, Any]] = {}
@@ -97,8 +106,8 @@ def test_image_tasks_show_urls_and_signed_links_to_files(
         if i % 2:
             data[ext] = {"image": f"https://images.example.org/{ext}.png"}
         else:
-            (root / "img" / f"{ext}.png").write_bytes(PNG + ext.encode())
-            data[ext] = {"image": f"file://{root}/img/{ext}.png"}
+            (root / "acme" / "img" / f"{ext}.png").write_bytes(PNG + ext.encode())
+            data[ext] = {"image": f"file://{root}/acme/img/{ext}.png"}
     set_data(db, pool.pool_id, data)
     app_settings = settings.model_copy(update={"data_root": root})
     with fake_labelstudio(label_config=IMAGE_CONFIG) as ls, TestClient(create_app(app_settings)) as client:
@@ -127,6 +136,12 @@ def test_image_tasks_show_urls_and_signed_links_to_files(
         link = content.sign(app_settings, pool.pool_id, pool.external_ids[0], "image", ttl_s=60)
         r = client.get(f"/labelstudio/content/{link}")
         assert r.status_code == 403 and "outside the data root" in r.json()["error"]["message"]
+        # ... and so is another tenant's folder under the same BAIT_DATA_ROOT
+        set_data(db, pool.pool_id, {pool.external_ids[0]: {"image": f"file://{root}/other/theirs.png"}})
+        r = client.get(f"/labelstudio/content/{link}")
+        assert r.status_code == 403 and "outside the data root" in r.json()["error"]["message"]
+        set_data(db, pool.pool_id, {pool.external_ids[0]: {"image": f"file://{root}/acme/../other/theirs.png"}})
+        assert client.get(f"/labelstudio/content/{link}").status_code == 403
 
 
 def test_user_imported_tasks_are_adopted_never_duplicated(
@@ -300,7 +315,11 @@ def test_failed_push_is_a_clear_state_and_can_be_retried(
     run_jobs()
     ls.fail_with = 503
     batch = run_batch(client, auth, pool.pool_id, run_jobs, size=3, strategy="random")
-    assert batch["status"] == "succeeded" and batch["delivery"] == "failed" and "answered 503" in batch["error"]
+    assert (
+        batch["status"] == "succeeded"
+        and batch["delivery"] == "failed"
+        and "answered HTTP 503 Service Unavailable" in batch["error"]
+    )
     ls.fail_with = None
     ls.add_task({"item_id": batch["item_ids"][0], "text": "the user's own copy"})  # meanwhile, by hand
     r = client.post(f"/v1/pools/{pool.pool_id}/batches/{batch['id']}/delivery", headers=auth)
@@ -410,10 +429,11 @@ def test_items_given_by_uri_show_it_and_file_links_need_a_data_root(
     tmp_path: Path,
 ) -> None:
     pool = make_pool(db, n=20, n_labeled=6)
-    (tmp_path / "a.png").write_bytes(PNG)
+    (tmp_path / "acme").mkdir()  # the tenant's folder under the data root given below
+    (tmp_path / "acme" / "a.png").write_bytes(PNG)
     with session_scope(db) as s:
         for item in s.execute(select(Item).where(Item.pool_id == pool.pool_id)).scalars():
-            item.uri = f"file://{tmp_path}/a.png"
+            item.uri = f"file://{tmp_path}/acme/a.png"
     with fake_labelstudio(label_config=IMAGE_CONFIG) as ls:
         created = connect(client, auth, pool.pool_id, ls, data_field="image").json()
         assert created["status"] == "ok", created
