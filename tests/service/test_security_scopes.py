@@ -246,7 +246,6 @@ def test_bootstrap_key_of_embedded_mode_has_every_scope(
     monkeypatch.setenv("BAIT_PRINT_BOOTSTRAP_KEY", "true")
     get_settings.cache_clear()
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)  # the server itself is not under test
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: None)  # `bait serve` runs a Server
     assert cli_main(["serve"]) == 0
     assert "bait_" in capsys.readouterr().out
     with db() as s:
