@@ -211,7 +211,7 @@ def test_serve_on_sqlite_migrates_by_itself(
     import uvicorn
 
     started: list[object] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **kw: started.append(self.config.app))
     path = tmp_path / "data" / "bait.db"
     url = f"sqlite:///{path}"
     if state != "missing":

@@ -245,7 +245,7 @@ def test_bootstrap_key_of_embedded_mode_has_every_scope(
 
     monkeypatch.setenv("BAIT_PRINT_BOOTSTRAP_KEY", "true")
     get_settings.cache_clear()
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)  # the server itself is not under test
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: None)  # the server itself is not under test
     assert cli_main(["serve"]) == 0
     assert "bait_" in capsys.readouterr().out
     with db() as s:
