@@ -115,7 +115,9 @@ def service(tmp_path: Path) -> Iterator[tuple[str, str, Proc, Path]]:
     )
     server, base = serve(env, tmp_path / "serve.log", migrate=True)
     try:
-        key = bait("keys", "create", "--tenant", "e2e", env=env).strip().splitlines()[-1]
+        # the key connects integrations and rotates their secret: it needs the admin scope
+        scopes = ["--scope", "read,label,select,admin"]
+        key = bait("keys", "create", "--tenant", "e2e", *scopes, env=env).strip().splitlines()[-1]
         yield base, key, server, root / "e2e"
     finally:
         server.stop()
