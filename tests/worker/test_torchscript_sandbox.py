@@ -368,8 +368,9 @@ def settings(settings: Settings, tmp_path: Path) -> Settings:
 
 
 def embed_with(client: TestClient, auth: dict[str, str], settings: Settings, module: torch.nn.Module) -> str:
-    root = settings.data_root
-    assert root is not None
+    assert settings.data_root is not None
+    root = settings.data_root / "acme"  # file:// references are read from the tenant's own folder
+    root.mkdir(exist_ok=True)
     up = upload(client, auth, saved(module), '{"input": "array", "output_dim": 4}')
     assert up.status_code == 201, up.text
     resp = client.post(
