@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,6 +42,9 @@ class Settings(BaseSettings):
         description="largest size the .npz of a POST /v1/select may inflate to: 413 above it, checked before inflating",
     )
     max_items_per_request: int = Field(default=100_000, ge=1, description="items or labels in one JSON request")
+    max_item_data_bytes: int = Field(
+        default=64 * 2**10, ge=64, le=16 * 2**20, description="largest `data` object of one item (as compact JSON)"
+    )
     reservation_ttl_seconds: int = Field(default=24 * 3600, ge=1, description="how long batch items stay reserved")
     sync_select_max_cells: int = Field(
         default=2_000_000, ge=1, description="POST /v1/select answers synchronously up to n*d*max(k,1) cells"
@@ -84,6 +89,14 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="how often the api submits the job that retries due webhook deliveries"
     )
     labelstudio_timeout_seconds: float = Field(default=30.0, gt=0, description="HTTP timeout of calls to Label Studio")
+    labelstudio_content_ttl_seconds: int = Field(
+        default=30 * 86400,
+        ge=60,
+        description="lifetime of the signed URLs through which Label Studio shows file:// item content",
+    )
+    labelstudio_reconcile_budget_seconds: float = Field(
+        default=60.0, gt=0, description="a batch job reconciles its Label Studio projects for at most this long first"
+    )
     public_url: str | None = Field(
         default=None,
         description="this service's URL as Label Studio reaches it; used to show the ML-backend URL of an integration",
@@ -227,3 +240,21 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+_SAFE_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def tenant_data_root(settings: Any, tenant_name: str) -> Path | None:
+    """The folder a tenant's ``file://`` references must lie in, or None (file:// refused for it).
+
+    The operator's assignment (``tenant_data_roots``) wins; otherwise ``<data_root>/<tenant name>``
+    when ``data_root`` is set and the name is a plain folder name (letters, digits, ``.``, ``_``, ``-``).
+    """
+    assigned = (getattr(settings, "tenant_data_roots", None) or {}).get(tenant_name)
+    if assigned is not None:
+        return Path(assigned)
+    root = getattr(settings, "data_root", None)
+    if root is None or not _SAFE_FOLDER.fullmatch(tenant_name) or tenant_name in (".", ".."):
+        return None
+    return Path(root) / tenant_name

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,8 @@ REGRESSION_CONTROLS = ("number", "rating", "textarea")
 
 
 class LabelStudioError(Exception):
-    """A call to Label Studio failed; ``kind`` is unreachable | refused | auth | not_found | rejected | mapping."""
+    """A call to Label Studio failed; ``kind`` is unreachable | refused | auth | not_found | rejected | mapping |
+    timeout."""
 
     def __init__(self, message: str, kind: str = "rejected", status_code: int | None = None) -> None:
         super().__init__(message)
@@ -66,7 +68,7 @@ def _looks_like_jwt(token: str) -> bool:
 
 
 class LabelStudioClient:
-    """A small synchronous client of the endpoints we use (projects, import, tasks, annotations)."""
+    """A small synchronous client of the endpoints we use (projects, import, tasks, annotations, views)."""
 
     def __init__(
         self,
@@ -180,11 +182,19 @@ class LabelStudioClient:
             raise LabelStudioError(f"Label Studio's import answered without {len(tasks)} task ids")
         return [int(i) for i in ids]
 
-    def tasks(self, project_id: int, page_size: int = 100) -> list[dict[str, Any]]:
-        """Every task of the project with its data and annotations (paged through ``GET /api/tasks``)."""
+    def tasks(self, project_id: int, page_size: int = 100, deadline: float | None = None) -> list[dict[str, Any]]:
+        """Every task of the project with its data and annotations (paged through ``GET /api/tasks``).
+
+        Raises:
+            LabelStudioError: ``kind="timeout"`` when ``deadline`` (``time.monotonic()``) passes first.
+        """
         out: list[dict[str, Any]] = []
         page = 1
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise LabelStudioError(
+                    f"reading the project's tasks ran past its time budget after {len(out)} task(s)", kind="timeout"
+                )
             try:
                 body = self._json(
                     "GET",
@@ -208,6 +218,50 @@ class LabelStudioClient:
     def task_annotations(self, task_id: int) -> list[dict[str, Any]]:
         body = self._json("GET", f"/api/tasks/{task_id}/annotations/")
         return list(body) if isinstance(body, list) else []
+
+    def annotation(self, annotation_id: int) -> dict[str, Any] | None:
+        """One annotation as Label Studio has it now (None: it no longer exists)."""
+        try:
+            body = self._json("GET", f"/api/annotations/{annotation_id}/")
+        except LabelStudioError as exc:
+            if exc.kind == "not_found":
+                return None
+            raise
+        return body if isinstance(body, dict) else None
+
+    def task(self, task_id: int) -> dict[str, Any] | None:
+        try:
+            body = self._json("GET", f"/api/tasks/{task_id}/")
+        except LabelStudioError as exc:
+            if exc.kind == "not_found":
+                return None
+            raise
+        return body if isinstance(body, dict) else None
+
+    def update_project(self, project_id: int, fields: dict[str, Any]) -> dict[str, Any]:
+        body = self._json("PATCH", f"/api/projects/{project_id}/", json=fields)
+        return body if isinstance(body, dict) else {}
+
+    def refresh_ml_backends(self, project_id: int) -> list[dict[str, Any]]:
+        """Listing a project's ML backends makes Label Studio call their /health and /setup again, which
+        updates each backend's model_version to what /setup answers (our latest checkpoint)."""
+        body = self._json("GET", "/api/ml/", params={"project": project_id})
+        return list(body) if isinstance(body, list) else []
+
+    def views(self, project_id: int) -> list[dict[str, Any]]:
+        body = self._json("GET", "/api/dm/views/", params={"project": project_id})
+        return list(body) if isinstance(body, list) else []
+
+    def save_view(self, project_id: int, view_id: int | None, data: dict[str, Any]) -> int:
+        """Create (``view_id`` None) or replace a Data Manager view; returns its id."""
+        body = {"project": project_id, "data": data}
+        if view_id is None:
+            out = self._json("POST", "/api/dm/views/", json=body)
+        else:
+            out = self._json("PUT", f"/api/dm/views/{view_id}/", json=body)
+        if not isinstance(out, dict) or "id" not in out:
+            raise LabelStudioError(f"Label Studio answered the view request without an id: {str(out)[:300]}")
+        return int(out["id"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,6 +316,9 @@ class IntegrationConfig:
     predictions: bool = True
     batch_size: int = 10
     strategy: str = "bait"
+    data_map: dict[str, str] | None = None  # item data key -> task data key, where they differ
+    auto_batch: dict[str, Any] | None = None  # {"size", "when": "batch_done" | "every_n_labels", "n"}
+    next_batch_view: bool = True  # keep a Data Manager view "bait: next batch"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IntegrationConfig:
@@ -309,7 +366,12 @@ class Mapping:
 
 
 def resolve_mapping(
-    task: str, classes: list[str] | None, n_outputs: int, config: IntegrationConfig, label_config: str
+    task: str,
+    classes: list[str] | None,
+    n_outputs: int,
+    config: IntegrationConfig,
+    label_config: str,
+    data_keys: set[str] | None = None,
 ) -> Mapping:
     """Check the integration's mapping against the project's labeling config.
 
@@ -341,10 +403,12 @@ def resolve_mapping(
             )
         control = fitting[0]
     shown = parsed.objects.get(control.to_name)
-    if shown is not None and shown != config.data_field:
+    provided = {config.data_field, config.id_field, *task_keys(config, data_keys or set())}
+    if shown is not None and data_keys is not None and shown not in provided:
         raise MappingError(
-            f"the labeling config shows ${shown} in {control.to_name!r}, but the integration puts the item's data in "
-            f"${config.data_field}: set `data_field` to {shown!r}"
+            f"the labeling config shows ${shown} in {control.to_name!r}, but no task will carry it: the item's "
+            f"text/uri goes to ${config.data_field} and item data has the key(s) {sorted(data_keys)[:20]}; set "
+            f"`data_field` to {shown!r}, give items `data` with a {shown!r} key, or map one with `data_map`"
         )
     if task == "classification":
         pool_classes = list(classes or [])
@@ -377,6 +441,50 @@ def resolve_mapping(
             "comma-separated values"
         )
     return Mapping(task=task, control=control.tag, from_name=control.name, to_name=control.to_name, n_outputs=n_outputs)
+
+
+def task_keys(config: IntegrationConfig, data_keys: set[str]) -> set[str]:
+    """The task.data keys that item data with ``data_keys`` becomes (after ``data_map``)."""
+    dmap = config.data_map or {}
+    return {dmap.get(k, k) for k in data_keys}
+
+
+def shown_fields(label_config: str) -> set[str]:
+    """Every task.data field the labeling config shows (``$field`` of its object tags)."""
+    return set(parse_label_config(label_config).objects.values())
+
+
+BATCH_FIELD = "bait_batch"
+RANK_FIELD = "bait_rank"
+
+
+def build_task_data(
+    config: IntegrationConfig,
+    ext: str,
+    data: dict[str, Any] | None,
+    text: str | None,
+    uri: str | None,
+    link: Any,
+) -> dict[str, Any]:
+    """``task.data`` of an item: its data (keys renamed by ``data_map``), its text or uri in ``data_field``
+    when the data does not set that key, and our item id in ``id_field``.
+
+    ``file://`` values (in data or the uri) are replaced by ``link(key, value)``: a signed URL of ours
+    through which Label Studio shows the file; http(s) URLs pass through unchanged.
+    """
+    dmap = config.data_map or {}
+    out: dict[str, Any] = {}
+    for key, value in (data or {}).items():
+        out[dmap.get(key, key)] = link(key, value) if isinstance(value, str) and value.startswith("file://") else value
+    if config.data_field not in out:
+        if text is not None:
+            out[config.data_field] = text
+        elif uri is not None:
+            out[config.data_field] = link(None, uri) if uri.startswith("file://") else uri
+        elif not data:
+            out[config.data_field] = ext  # nothing else to show: at least the id
+    out[config.id_field] = ext
+    return out
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 - ``/labelstudio/<integration>/<secret>/...``: the ML-backend secret sits in the path Label Studio
   calls, so uvicorn's access log would write it on every request. :class:`AccessLogRedactor` (installed
   on the ``uvicorn.access`` logger by ``bait serve``) replaces it with ``***``.
+- ``/labelstudio/content/<token>``: the signed link through which Label Studio shows an item's file is
+  an access link valid for 30 days (``BAIT_LABELSTUDIO_CONTENT_TTL_SECONDS``): masked the same way.
 - Query strings are dropped from access-log paths (they may carry tokens).
 - :func:`redact_url`: a URL with its user/password and query replaced, for log lines about webhooks and
   Label Studio.
@@ -17,13 +19,18 @@ from urllib.parse import urlsplit, urlunsplit
 REDACTED = "***"
 ACCESS_LOGGER = "uvicorn.access"
 
+_LS_CONTENT = re.compile(r"^(/labelstudio/content/)[^?#]+")
 _LS_SECRET = re.compile(r"^(/labelstudio/[^/?#]+/)[^/?#]+")
 
 
 def redact_path(path: str) -> str:
-    """A request path fit for a log: the ML-backend secret masked, the query string dropped."""
+    """A request path fit for a log: the ML-backend secret and content-link tokens masked, the query
+    string dropped."""
     path, sep, _query = path.partition("?")
-    path = _LS_SECRET.sub(lambda m: m.group(1) + REDACTED, path)
+    if _LS_CONTENT.match(path):
+        path = _LS_CONTENT.sub(lambda m: m.group(1) + REDACTED, path)
+    else:
+        path = _LS_SECRET.sub(lambda m: m.group(1) + REDACTED, path)
     return path + (f"?{REDACTED}" if sep else "")
 
 

@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     install_error_handlers(app)
     for module in (health, pools, items, labels, batches, checkpoints, select_api, integrations, webhooks):
         app.include_router(module.router)
+    app.include_router(labelstudio_backend.content_router)  # before the ML-backend routes it shares a prefix with
     app.include_router(labelstudio_backend.router)
     app.include_router(encoders_api.router)
     app.include_router(embed_jobs_api.router)

@@ -4,7 +4,8 @@ A key carries a set of scopes:
 
 - ``read``: every ``GET`` of the tenant's pools, items, labels, batches, checkpoints, jobs, encoders;
 - ``label``: write and delete labels (what an annotation tool needs, with ``read``);
-- ``select``: create and change pools, upload items, request and cancel batches, start embed jobs,
+- ``select``: create and change pools, upload items, request and cancel batches (and retry their Label
+  Studio delivery), start embed jobs,
   stateless ``/v1/select``, predictions;
 - ``admin``: anything that configures code or outbound traffic, or destroys a pool: upload and delete
   encoders, webhooks, Label Studio integrations, ``DELETE /v1/pools/{pool}``.
@@ -54,6 +55,7 @@ ROUTE_SCOPES: dict[str, str] = {
     "service.api.batches:get_batch": READ,
     "service.api.batches:create_batch": SELECT,
     "service.api.batches:cancel_batch": SELECT,
+    "service.api.batches:retry_delivery": SELECT,  # pushes a succeeded batch to Label Studio again
     # checkpoints and predictions
     "service.api.checkpoints:list_checkpoints": READ,
     "service.api.checkpoints:predictions": SELECT,
@@ -82,6 +84,8 @@ ROUTE_SCOPES: dict[str, str] = {
     "service.api.integrations:get_integration": ADMIN,
     "service.api.integrations:delete_integration": ADMIN,
     "service.api.integrations:reconcile": ADMIN,
+    "service.api.integrations:get_reconcile": ADMIN,
+    "service.api.integrations:rotate_secret": ADMIN,
 }
 
 # Routes that cost the service real work (uploads, jobs, outbound calls): they count against the
@@ -97,6 +101,7 @@ EXPENSIVE_ROUTES: frozenset[str] = frozenset(
         "service.api.encoders:upload_encoder",
         "service.api.integrations:connect_labelstudio",
         "service.api.integrations:reconcile",
+        "service.api.batches:retry_delivery",
     }
 )
 

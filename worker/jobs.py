@@ -4,7 +4,8 @@ Each job takes ids (JSON), opens its own short transactions, and runs the same w
 in-process runner and under RQ:
 
 - :func:`run_batch`: load the pool, train a head on the labeled items, embed the pool, select, then
-  reserve the chosen items and write the result in one transaction.
+  reserve the chosen items and write the result in one transaction. A pool connected to Label Studio
+  reconciles its projects first and pushes the batch before it is marked ``succeeded``.
 - :func:`run_select`: the stateless ``POST /v1/select`` job.
 - :func:`predict`: class probabilities (or targets) of some items from the pool's latest checkpoint.
 
@@ -40,7 +41,7 @@ from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.store import batches as store
 from service.store import quality as quality_store
-from service.store.attempts import close_running, finish_attempt
+from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
 from worker import context, quality
 from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
@@ -231,7 +232,9 @@ def run_batch(batch_id: str) -> None:
     log.info("batch %s: attempt %d, %s of %d", batch_id, attempt, spec.strategy, spec.size)
     try:
         with Tracker(factory, batch_id, attempt, settings.job_heartbeat_seconds) as tracker:
+            warnings = _labelstudio_before(spec, tracker)
             _run_batch(spec, factory, tracker, resolve_device(settings.device), settings.reservation_ttl_seconds)
+            _labelstudio_deliver(spec, factory, warnings)
     except Stopped:
         log.info("batch %s: stopped (cancelled or taken over); nothing written", batch_id)
         return
@@ -247,15 +250,67 @@ def run_batch(batch_id: str) -> None:
 
 
 def _after_batch(batch_id: str) -> None:
-    """Once the batch's outcome is committed: outgoing webhooks, then the Label Studio import and reconcile
-    of connected pools. Their failures are recorded on the deliveries and integrations, never on the run."""
-    from worker import labelstudio, webhooks
+    """Once the batch's outcome is committed: outgoing webhooks (a connected pool's batch was pushed to
+    Label Studio before it succeeded). Their failures are recorded on the deliveries, never on the run."""
+    from worker import webhooks
 
-    for follow_up in (webhooks.batch_finished, labelstudio.batch_finished):
-        try:
-            follow_up(batch_id)
-        except Exception:
-            log.exception("batch %s: %s failed", batch_id, follow_up.__module__)
+    try:
+        webhooks.batch_finished(batch_id)
+    except Exception:
+        log.exception("batch %s: outgoing webhooks failed", batch_id)
+
+
+# --------------------------------------------------------------------------------------------------
+# Label Studio around a batch (order of work: reconcile, train, select, store, push, succeeded, webhook)
+# --------------------------------------------------------------------------------------------------
+
+
+def _labelstudio_before(spec: _BatchSpec, tracker: Tracker) -> list[str]:
+    """Reconcile the pool's Label Studio projects first (bounded), so selection sees every label."""
+    from worker import labelstudio
+
+    with session_scope(tracker.factory) as s:
+        if not labelstudio.has_integrations(s, spec.pool_id):
+            return []
+    tracker.stage("reconcile")
+    warnings = labelstudio.before_batch(spec.pool_id, context.env().settings.labelstudio_reconcile_budget_seconds)
+    for w in warnings:
+        log.warning("batch %s: %s; selecting with the labels we have", spec.batch_id, w)
+    return warnings
+
+
+def _hold_for_delivery(s: Session, pool_id: str) -> dict[str, Any]:
+    """Fields that keep a stored batch ``running`` (stage ``push``) until Label Studio has it."""
+    from worker import labelstudio
+
+    if not labelstudio.has_integrations(s, pool_id):
+        return {}
+    return {"status": "running", "progress_stage": "push", "finished_at": None}
+
+
+def _labelstudio_deliver(spec: _BatchSpec, factory: sessionmaker[Session], warnings: list[str]) -> None:
+    """Push a stored batch into the pool's Label Studio projects, then mark it ``succeeded``
+    (a failed push leaves it succeeded with ``delivery: failed``, see the retry endpoint)."""
+    from worker import labelstudio
+
+    with session_scope(factory) as s:
+        batch = store.get_batch_by_id(s, spec.batch_id)
+        if batch is None or batch.status != "running" or batch.progress_stage != "push":
+            return
+    outcome = labelstudio.deliver(spec.batch_id)
+    with session_scope(factory) as s:
+        batch = store.get_batch_by_id(s, spec.batch_id)
+        if batch is None:
+            raise Stopped(spec.batch_id)
+        diagnostics = dict(batch.diagnostics or {})
+        if warnings:
+            diagnostics["labelstudio_warnings"] = warnings
+        now = utcnow()
+        done = {"status": "succeeded", "progress_stage": "done", "finished_at": now, "heartbeat_at": now}
+        values = {**done, "diagnostics": diagnostics}
+        if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, values, outcome="succeeded"):
+            raise Stopped(spec.batch_id)
+    log.info("batch %s: Label Studio delivery %s", spec.batch_id, outcome)
 
 
 def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, message: str) -> None:
@@ -465,7 +520,12 @@ def _store_batch(
         "finished_at": now,
         "heartbeat_at": now,
     }
-    if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded"):
+    hold = _hold_for_delivery(s, spec.pool_id)
+    if hold:  # still running (stage push): the attempt ends once Label Studio has the batch
+        written = write_if_running(s, Batch, spec.batch_id, spec.attempt, {**finished, **hold})
+    else:
+        written = finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded")
+    if not written:
         raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
 
 

@@ -1,18 +1,25 @@
-"""Label Studio jobs: import a batch's items as tasks, reconcile annotations back into labels, apply one
-annotation webhook.
+"""Label Studio jobs: push a batch's items as tasks, reconcile annotations back into labels, apply one
+annotation webhook, and the auto-batching policy.
 
-- :func:`batch_finished` (called by the batch job once its result is committed): for each Label Studio
-  integration of the pool, :func:`import_batch` then :func:`reconcile`.
-- :func:`import_batch`: the batch's items that have no task yet in the project become tasks
-  (``task.data`` = ``{id_field: item id, data_field: item text, else its uri, else its id}``)
-  (``POST /api/projects/{id}/import?return_task_ids=true``), with the pool model's prediction as a
-  pre-annotation when configured; a :class:`~service.store.models.TaskLink` per task (unique per
-  integration and item) makes re-imports no-ops. Links are committed right after each import call.
-- :func:`reconcile`: reads every task of the project with its annotations (``GET /api/tasks``) and makes
-  our labels match: a label written or updated where Label Studio has an annotation, removed where the
-  annotation is gone and the label came from Label Studio. Tasks carrying one of our item ids but no
-  link (an import whose links were lost) are adopted. So a lost webhook loses no label.
-- :func:`apply_annotation`: an ``ANNOTATION_CREATED``/``UPDATED`` webhook, queued by the web process.
+A batch job of a pool with integrations runs (see :mod:`worker.jobs`): :func:`before_batch` (reconcile
+every project, bounded in time, so selection sees every label), then train/select/store, then
+:func:`deliver` (push), then ``succeeded`` and the outgoing webhook.
+
+- :func:`import_batch`: the batch's items that have no task yet in the project become tasks; task data
+  comes from the item's content (:func:`service.labelstudio.build_task_data`: item ``data`` keys, renamed
+  by ``data_map``, the item's text or uri in ``data_field``, our id in ``id_field``, ``file://`` content
+  as a signed URL of ours) plus ``bait_batch`` and ``bait_rank``; the pool model's prediction rides along
+  as a pre-annotation. A :class:`~service.store.models.TaskLink` per task (unique per integration and
+  item) makes re-imports no-ops. Then the Data Manager view "bait: next batch" is pointed at the batch.
+- :func:`reconcile`: reads every task of the project with its annotations and makes our labels match;
+  tasks carrying one of our item ids but no link (tasks the user imported, or links lost) are adopted,
+  so nothing is imported twice; annotations on tasks we cannot match are counted
+  (``unmatched_annotations`` on the integration).
+- :func:`apply_annotation`: an ``ANNOTATION_CREATED``/``UPDATED`` webhook (once per annotation id and
+  updated time); an unauthenticated hint is read back from Label Studio first.
+- :func:`train_requested` / :func:`evaluate_policy`: ``START_TRAINING`` marks a train request; a batch is
+  created when the integration's ``auto_batch`` policy allows it (never while one is queued or running),
+  checked again whenever a label arrives from Label Studio while a request is pending.
 
 Failures (unreachable, token rejected, mapping that no longer fits) are written to the integration
 (``status: error``, ``last_error``) and, for an import, to the batch (``error`` and
@@ -23,16 +30,21 @@ Failures (unreachable, token rejected, mapping that no longer fits) are written 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import crypto
 from service.db import session_scope
+from service.domain import content
 from service.domain.labels import LabelWrite, delete_label, put_labels
 from service.errors import ServiceError
 from service.labelstudio import (
+    BATCH_FIELD,
+    RANK_FIELD,
     IntegrationConfig,
     LabelStudioClient,
     LabelStudioError,
@@ -40,19 +52,22 @@ from service.labelstudio import (
     Mapping,
     MappingError,
     annotator_of,
+    build_task_data,
     latest_annotation,
     prediction_result,
     resolve_mapping,
     result_to_label,
+    shown_fields,
 )
 from service.store import batches as batches_repo
 from service.store import integrations as repo
-from service.store.models import Batch, Integration, Pool
+from service.store.models import Batch, Integration, Pool, ReconcileRun
 from worker import context
 
 log = logging.getLogger(__name__)
 
 IMPORT_CHUNK = 500
+EVENT_MEMORY = timedelta(days=30)  # how long an applied annotation event is remembered (duplicates)
 
 
 def utcnow() -> datetime:
@@ -73,8 +88,10 @@ class _Conn:
         self.project_id = int(integration.project_id)
         self.token = token
         self.config = IntegrationConfig.from_dict(integration.config or {})
+        self.public_base = str((integration.config or {}).get("public_base") or "")
         stored = (integration.config or {}).get("mapping")
         self.mapping: Mapping | None = Mapping.from_dict(stored) if stored else None
+        self.label_config = ""
 
 
 def _load(factory: sessionmaker[Session], integration_id: str) -> _Conn | None:
@@ -96,6 +113,7 @@ def _client(conn: _Conn) -> LabelStudioClient:
 def _refresh_mapping(factory: sessionmaker[Session], conn: _Conn, ls: LabelStudioClient) -> Mapping:
     """Resolve the mapping against the project's current labeling config (it may have changed)."""
     project = ls.project(conn.project_id)
+    conn.label_config = str(project.get("label_config") or "")
     mapping = resolve_mapping(conn.task, conn.classes, conn.n_outputs, conn.config, str(project.get("label_config")))
     if mapping != conn.mapping:
         with session_scope(factory) as s:
@@ -125,22 +143,84 @@ def _describe(exc: Exception) -> str:
     return f"internal error: {type(exc).__name__}: {exc}"
 
 
+def _state_update(s: Session, integration_id: str, **changes: Any) -> dict[str, Any] | None:
+    """Merge ``changes`` into the integration's state under its lock (None values delete a key)."""
+    row = repo.lock_integration(s, integration_id)
+    if row is None:
+        return None
+    state = dict(row.state or {})
+    for k, v in changes.items():
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+    row.state = state
+    return state
+
+
 # --------------------------------------------------------------------------------------------------
-# After a batch
+# Around a batch: reconcile first, push after
 # --------------------------------------------------------------------------------------------------
 
 
-def batch_finished(batch_id: str) -> None:
-    """Import a succeeded batch into every Label Studio project its pool is connected to, then reconcile."""
+def has_integrations(s: Session, pool_id: str) -> bool:
+    return bool(repo.pool_integration_ids(s, pool_id))
+
+
+def before_batch(pool_id: str, budget_s: float) -> list[str]:
+    """Reconcile every Label Studio project of the pool, within ``budget_s`` in all; returns warnings
+    (a reconcile that failed or ran out of time; the batch goes on with the labels it has)."""
+    env = context.env()
+    with session_scope(env.sessionmaker) as s:
+        ids = repo.pool_integration_ids(s, pool_id)
+    warnings: list[str] = []
+    deadline = time.monotonic() + budget_s
+    for integration_id in ids:
+        with session_scope(env.sessionmaker) as s:
+            run = ReconcileRun(integration_id=integration_id, trigger="batch", status="queued", created_at=utcnow())
+            s.add(run)
+            s.flush()
+            run_id = run.id
+        run_reconcile(run_id, deadline=deadline)
+        with session_scope(env.sessionmaker) as s:
+            done = s.get(ReconcileRun, run_id)
+            if done is not None and done.status != "succeeded":
+                warnings.append(f"reconcile of integration {integration_id} before selection: {done.error}")
+    return warnings
+
+
+def deliver(batch_id: str) -> str | None:
+    """Push the batch into every Label Studio project of its pool; returns ``delivered`` | ``failed``
+    (None: the pool has no integration)."""
+    env = context.env()
+    with session_scope(env.sessionmaker) as s:
+        batch = batches_repo.get_batch_by_id(s, batch_id)
+        if batch is None:
+            return None
+        integration_ids = repo.pool_integration_ids(s, batch.pool_id)
+    if not integration_ids:
+        return None
+    ok = [import_batch(i, batch_id) for i in integration_ids]
+    return "delivered" if all(ok) else "failed"
+
+
+def redeliver(batch_id: str) -> str | None:
+    """The retry endpoint's job: reconcile first (tasks imported meanwhile are adopted, not duplicated),
+    then push the succeeded batch's items that have no task yet."""
     env = context.env()
     with session_scope(env.sessionmaker) as s:
         batch = batches_repo.get_batch_by_id(s, batch_id)
         if batch is None or batch.status != "succeeded":
-            return
-        integration_ids = repo.pool_integration_ids(s, batch.pool_id)
-    for integration_id in integration_ids:
-        if import_batch(integration_id, batch_id):
-            reconcile(integration_id)
+            return None
+        pool_id = batch.pool_id
+    before_batch(pool_id, env.settings.labelstudio_reconcile_budget_seconds)
+    outcome = deliver(batch_id)
+    if outcome == "delivered":
+        with session_scope(env.sessionmaker) as s:
+            batch = s.get(Batch, batch_id)
+            if batch is not None and (batch.error or "").startswith("Label Studio import failed"):
+                batch.error = None
+    return outcome
 
 
 def _note_on_batch(factory: sessionmaker[Session], batch_id: str, integration_id: str, info: dict[str, Any]) -> None:
@@ -167,27 +247,50 @@ def import_batch(integration_id: str, batch_id: str) -> bool:
             return False
         with session_scope(factory) as s:
             batch = batches_repo.get_batch_by_id(s, batch_id)
-            if batch is None or batch.status != "succeeded":
+            if batch is None or batch.status not in ("succeeded", "running") or not batch.item_ids:
                 return False
+            order = {ext: rank for rank, ext in enumerate(batch.item_ids, start=1)}
             rows = repo.items_of_batch(s, conn.pool_id, list(batch.item_ids or []))
             linked = repo.linked_item_ids(s, integration_id, [r[0] for r in rows])
-            with_model = batch.checkpoint_id is not None
+            checkpoint_id = batch.checkpoint_id
         todo = [r for r in rows if r[0] not in linked]
         imported = 0
         with _client(conn) as ls:
             mapping = _refresh_mapping(factory, conn, ls)
-            predictions = _predictions(conn, [r[1] for r in todo]) if conn.config.predictions and with_model else {}
+            with_model = conn.config.predictions and checkpoint_id is not None
+            predictions = _predictions(conn, [r[1] for r in todo]) if with_model and todo else {}
+            base = conn.public_base or env.settings.public_url or ""
+            shown = shown_fields(conn.label_config)
             for begin in range(0, len(todo), IMPORT_CHUNK):
                 chunk = todo[begin : begin + IMPORT_CHUNK]
-                tasks = [
-                    _task(conn.config, mapping, ext, text, uri, predictions.get(ext)) for _, ext, text, uri in chunk
-                ]
+                tasks = []
+                for _, ext, text, uri, data in chunk:
+                    link = content.link_maker(env.settings, base, conn.pool_id, ext)
+                    task_data = build_task_data(conn.config, ext, data, text, uri, link)
+                    missing = sorted(shown - set(task_data))
+                    if missing:
+                        raise LabelStudioError(
+                            f"item {ext!r} has no {missing[0]!r} for the labeling config to show: give items `data` "
+                            f"with that key, map one with `data_map`, or set `data_field` to {missing[0]!r}",
+                            kind="mapping",
+                        )
+                    task_data[BATCH_FIELD] = batch_id
+                    task_data[RANK_FIELD] = order.get(ext, 0)
+                    tasks.append(_task(mapping, task_data, predictions.get(ext)))
                 task_ids = ls.import_tasks(conn.project_id, tasks)
                 with session_scope(factory) as s:
                     repo.add_links(
                         s, integration_id, [(r[0], t) for r, t in zip(chunk, task_ids, strict=True)], batch_id, utcnow()
                     )
                 imported += len(chunk)
+            if with_model and imported and checkpoint_id is not None:
+                _align_model_version(ls, conn.project_id, checkpoint_id)
+            view: int | str | None = None
+            if conn.config.next_batch_view:
+                try:
+                    view = _update_view(factory, conn, ls, batch_id)
+                except LabelStudioError as exc:  # the tasks are in: a view that fails is a warning only
+                    view = f"error: {exc.message}"
     except Exception as exc:
         message = _describe(exc)
         log.warning("Label Studio import of batch %s (integration %s) failed: %s", batch_id, integration_id, message)
@@ -195,14 +298,65 @@ def import_batch(integration_id: str, batch_id: str) -> bool:
         _note_on_batch(factory, batch_id, integration_id, {"status": "error", "error": message})
         return False
     _record(factory, integration_id, None)
-    _note_on_batch(
-        factory,
-        batch_id,
-        integration_id,
-        {"status": "ok", "imported": imported, "already_in_project": len(rows) - len(todo)},
-    )
+    info: dict[str, Any] = {"status": "ok", "imported": imported, "already_in_project": len(rows) - len(todo)}
+    if isinstance(view, int):
+        info["view_id"] = view
+    elif view is not None:
+        info["view_error"] = view
+    _note_on_batch(factory, batch_id, integration_id, info)
     log.info("batch %s: %d task(s) imported into Label Studio project %d", batch_id, imported, conn.project_id)
     return True
+
+
+def _align_model_version(ls: LabelStudioClient, project_id: int, checkpoint_id: str) -> None:
+    """Make Label Studio's model versions the checkpoint our predictions carry: the project's (its
+    prediction score column averages the predictions of that version; Label Studio had set it to the
+    backend's title) and the backends' (listing them makes Label Studio ask /setup again). Best effort:
+    the tasks are in either way."""
+    try:
+        ls.update_project(project_id, {"model_version": checkpoint_id})
+        ls.refresh_ml_backends(project_id)
+    except LabelStudioError as exc:
+        log.warning("could not align the model version of project %d: %s", project_id, exc)
+
+
+VIEW_TITLE = "bait: next batch"
+
+
+def _update_view(factory: sessionmaker[Session], conn: _Conn, ls: LabelStudioClient, batch_id: str) -> int:
+    """Point the Data Manager view "bait: next batch" at the batch: its unlabeled tasks by rank."""
+    data = {
+        "title": VIEW_TITLE,
+        "filters": {
+            "conjunction": "and",
+            "items": [
+                {
+                    "filter": f"filter:tasks:data.{BATCH_FIELD}",
+                    "operator": "equal",
+                    "type": "String",
+                    "value": batch_id,
+                },
+                {"filter": "filter:tasks:total_annotations", "operator": "equal", "type": "Number", "value": 0},
+            ],
+        },
+        "ordering": [f"tasks:data.{RANK_FIELD}"],
+    }
+    with session_scope(factory) as s:
+        row = repo.get_integration_by_id(s, conn.id)
+        view_id = (row.state or {}).get("view_id") if row is not None else None
+    if view_id is None:
+        found = [v for v in ls.views(conn.project_id) if (v.get("data") or {}).get("title") == VIEW_TITLE]
+        view_id = int(found[0]["id"]) if found else None
+    try:
+        new_id = ls.save_view(conn.project_id, view_id, data)
+    except LabelStudioError as exc:
+        if exc.kind != "not_found" or view_id is None:
+            raise
+        new_id = ls.save_view(conn.project_id, None, data)  # the user deleted it: make it again
+    if new_id != view_id:
+        with session_scope(factory) as s:
+            _state_update(s, conn.id, view_id=new_id)
+    return new_id
 
 
 def _predictions(conn: _Conn, ext_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -215,17 +369,7 @@ def _predictions(conn: _Conn, ext_ids: list[str]) -> dict[str, dict[str, Any]]:
     return {p["item_id"]: {**p, "model_version": version} for p in out["predictions"]}
 
 
-def _task(
-    config: IntegrationConfig,
-    mapping: Mapping,
-    ext: str,
-    text: str | None,
-    uri: str | None,
-    prediction: dict[str, Any] | None,
-) -> dict[str, Any]:
-    data: dict[str, Any] = {config.id_field: ext}
-    # The item's inline text, else its data reference; an item given only by embedding shows its id.
-    data[config.data_field] = text if text is not None else uri if uri is not None else ext
+def _task(mapping: Mapping, data: dict[str, Any], prediction: dict[str, Any] | None) -> dict[str, Any]:
     task: dict[str, Any] = {"data": data}
     if prediction is not None:
         if "probs" in prediction:
@@ -259,11 +403,54 @@ def _write(s: Session, pool: Pool, item_ext: str, want: LabelValue, annotator: s
     )
 
 
-def reconcile(integration_id: str) -> dict[str, int] | None:
-    """Make the pool's labels match the annotations in the project; returns counts (None: no integration)."""
+def run_reconcile(run_id: str, deadline: float | None = None) -> dict[str, int] | None:
+    """A reconcile run (a readable job): ``queued -> running -> succeeded | failed`` with its counts."""
     env = context.env()
     factory = env.sessionmaker
-    counts = {"tasks": 0, "written": 0, "removed": 0, "adopted": 0, "unchanged": 0}
+    with session_scope(factory) as s:
+        run = s.get(ReconcileRun, run_id)
+        if run is None or run.status != "queued":
+            return None
+        run.status = "running"
+        run.started_at = utcnow()
+        integration_id = run.integration_id
+    error: str | None = None
+    counts: dict[str, int] | None = None
+    try:
+        counts = reconcile(integration_id, deadline=deadline, raise_errors=True)
+    except Exception as exc:
+        error = _describe(exc)
+    with session_scope(factory) as s:
+        run = s.get(ReconcileRun, run_id)
+        if run is not None:
+            run.status = "failed" if error else "succeeded"
+            run.error = error
+            run.counts = counts
+            run.finished_at = utcnow()
+    if error is None:
+        evaluate_policy(integration_id)
+    return counts
+
+
+def reconcile(integration_id: str, deadline: float | None = None, raise_errors: bool = False) -> dict[str, int] | None:
+    """Make the pool's labels match the annotations in the project; returns counts (None: no integration).
+
+    Counts: ``tasks``, ``written``, ``removed``, ``unchanged``, ``adopted`` (tasks carrying one of our item
+    ids linked now), ``unknown`` (tasks carrying an id that is no item of the pool), ``ambiguous``
+    (further tasks of an item that already has one), ``unmatched`` (annotated tasks we cannot match).
+    """
+    env = context.env()
+    factory = env.sessionmaker
+    counts = {
+        "tasks": 0,
+        "written": 0,
+        "removed": 0,
+        "adopted": 0,
+        "unchanged": 0,
+        "unknown": 0,
+        "ambiguous": 0,
+        "unmatched": 0,
+    }
     errors: list[str] = []
     try:
         conn = _load(factory, integration_id)
@@ -271,30 +458,36 @@ def reconcile(integration_id: str) -> dict[str, int] | None:
             return None
         with _client(conn) as ls:
             mapping = _refresh_mapping(factory, conn, ls)
-            tasks = ls.tasks(conn.project_id)
+            tasks = ls.tasks(conn.project_id, deadline=deadline)
         counts["tasks"] = len(tasks)
         with session_scope(factory) as s:
             pool = s.get(Pool, conn.pool_id)
             assert pool is not None
             links = repo.links(s, integration_id)
-            # adopt tasks that carry one of our item ids but have no link (an import whose links were lost)
             unlinked = {
-                int(t["id"]): str((t.get("data") or {}).get(conn.config.id_field))
+                int(t["id"]): (t.get("data") or {}).get(conn.config.id_field)
                 for t in tasks
-                if int(t["id"]) not in links and (t.get("data") or {}).get(conn.config.id_field) is not None
+                if int(t["id"]) not in links
             }
-            if unlinked:
-                known = repo.item_ids_by_external(s, pool.id, list(set(unlinked.values())))
-                already = repo.linked_item_ids(s, integration_id, list(known.values()))
-                adopt = []
-                for task_id, ext in sorted(unlinked.items()):
-                    if ext in known and known[ext] not in already:
-                        adopt.append((known[ext], task_id))
-                        already.add(known[ext])
-                        links[task_id] = (known[ext], ext)
-                repo.add_links(s, integration_id, adopt, None, utcnow())
-                counts["adopted"] = len(adopt)
+            with_id = {t: str(v) for t, v in unlinked.items() if v is not None}
+            known = repo.item_ids_by_external(s, pool.id, list(set(with_id.values()))) if with_id else {}
+            already = repo.linked_item_ids(s, integration_id, list(known.values()))
+            adopt = []
+            for task_id, ext in sorted(with_id.items()):
+                if ext not in known:
+                    counts["unknown"] += 1
+                elif known[ext] in already:
+                    counts["ambiguous"] += 1
+                else:
+                    adopt.append((known[ext], task_id))
+                    already.add(known[ext])
+                    links[task_id] = (known[ext], ext)
+            repo.add_links(s, integration_id, adopt, None, utcnow())
+            counts["adopted"] = len(adopt)
             by_task = {int(t["id"]): t for t in tasks}
+            counts["unmatched"] = sum(
+                1 for t_id, t in by_task.items() if t_id not in links and latest_annotation(t.get("annotations") or [])
+            )
             item_ids = [links[t][0] for t in by_task if t in links]
             current = repo.current_labels(s, item_ids)
             annotators = repo.last_annotators(s, item_ids)
@@ -322,10 +515,16 @@ def reconcile(integration_id: str) -> dict[str, int] | None:
                 assert annotation is not None
                 _write(s, pool, ext, want, annotator_of(annotation), env.settings.max_items_per_request)
                 counts["written"] += 1
+            adoption = {k: counts[k] for k in ("adopted", "unknown", "ambiguous")}
+            adoption["linked"] = len(links)
+            _state_update(s, integration_id, adoption=adoption, unmatched_annotations=counts["unmatched"])
+            repo.prune_events(s, integration_id, utcnow() - EVENT_MEMORY)
     except Exception as exc:
         message = _describe(exc)
         log.warning("reconcile of integration %s failed: %s", integration_id, message)
         _record(factory, integration_id, f"reconcile: {message}")
+        if raise_errors:
+            raise
         return counts
     error = None
     if errors:
@@ -333,6 +532,26 @@ def reconcile(integration_id: str) -> dict[str, int] | None:
     _record(factory, integration_id, error, synced=True)
     log.info("reconcile of integration %s: %s", integration_id, counts)
     return counts
+
+
+def _verified_event(conn: _Conn, event: dict[str, Any]) -> dict[str, Any] | None:
+    """An unauthenticated hint made into an event from what Label Studio says (None: no such annotation)."""
+    with _client(conn) as ls:
+        annotation = ls.annotation(int(event["annotation_id"]))
+    if annotation is None:
+        return None
+    task = annotation.get("task")
+    task_id = task.get("id") if isinstance(task, dict) else task
+    if task_id is None:
+        return None
+    return {
+        "action": event.get("action"),
+        "task_id": int(task_id),
+        "task_data": {},
+        "annotation": {
+            k: annotation.get(k) for k in ("id", "result", "was_cancelled", "completed_by", "updated_at", "created_at")
+        },
+    }
 
 
 def apply_annotation(integration_id: str, event: dict[str, Any]) -> str:
@@ -343,6 +562,11 @@ def apply_annotation(integration_id: str, event: dict[str, Any]) -> str:
         conn = _load(factory, integration_id)
         if conn is None:
             return "no integration"
+        if event.get("verify"):
+            verified = _verified_event(conn, event)
+            if verified is None:
+                return "no such annotation in Label Studio"
+            event = verified
         mapping = conn.mapping
         if mapping is None:
             with _client(conn) as ls:
@@ -352,11 +576,20 @@ def apply_annotation(integration_id: str, event: dict[str, Any]) -> str:
         with session_scope(factory) as s:
             pool = s.get(Pool, conn.pool_id)
             assert pool is not None
+            if annotation.get("id") is not None and repo.seen_event(
+                s, integration_id, int(annotation["id"]), str(annotation.get("updated_at") or ""), utcnow()
+            ):
+                return "duplicate"
             link = repo.link_for_task(s, integration_id, task_id)
             if link is None:
                 ext = (event.get("task_data") or {}).get(conn.config.id_field)
                 known = repo.item_ids_by_external(s, pool.id, [str(ext)]) if ext is not None else {}
                 if not known or repo.linked_item_ids(s, integration_id, list(known.values())):
+                    row = repo.lock_integration(s, integration_id)
+                    if row is not None:
+                        state = dict(row.state or {})
+                        state["unmatched_annotations"] = int(state.get("unmatched_annotations") or 0) + 1
+                        row.state = state
                     return "not our task"
                 link = (known[str(ext)], str(ext))
                 repo.add_links(s, integration_id, [(link[0], task_id)], None, utcnow())
@@ -374,4 +607,107 @@ def apply_annotation(integration_id: str, event: dict[str, Any]) -> str:
         log.warning("Label Studio webhook for integration %s failed: %s", integration_id, message)
         _record(factory, integration_id, f"webhook {event.get('action')}: {message}")
         return f"error: {message}"
+    evaluate_policy(integration_id)
     return "written"
+
+
+# --------------------------------------------------------------------------------------------------
+# Auto-batching policy
+# --------------------------------------------------------------------------------------------------
+
+
+def train_requested(integration_id: str) -> str | None:
+    """``START_TRAINING``: note the request, then create a batch if the policy allows it now."""
+    env = context.env()
+    with session_scope(env.sessionmaker) as s:
+        if _state_update(s, integration_id, train_requested_at=utcnow().isoformat()) is None:
+            return None
+    return evaluate_policy(integration_id)
+
+
+def _policy_allows(s: Session, integration: Integration, policy: dict[str, Any], now: datetime) -> str | None:
+    """Why a new batch may not be created now (None: it may)."""
+    if repo.active_batches(s, integration.pool_id):
+        return "a batch of the pool is queued or running"
+    last = repo.latest_linked_batch(s, integration.id)
+    if last is None:
+        return None
+    if policy["when"] == "batch_done":
+        left = repo.open_items_of_batch(s, last, now)
+        return f"{left} item(s) of batch {last.id} are not labeled yet" if left else None
+    n = repo.labels_since(s, integration.pool_id, last.created_at)
+    return f"{n} of {policy['n']} labels since batch {last.id}" if n < int(policy["n"]) else None
+
+
+def evaluate_policy(integration_id: str) -> str | None:
+    """Create (and run here) the next batch when a train request is pending and the integration's
+    ``auto_batch`` policy allows it; returns the batch id (None: no batch now)."""
+    env = context.env()
+    factory = env.sessionmaker
+    from service.domain import batches as batches_domain
+    from service.domain.integrations import effective_auto_batch
+
+    batch_id: str | None = None
+    with session_scope(factory) as s:
+        integration = repo.get_integration_by_id(s, integration_id)
+        if integration is None or not (integration.state or {}).get("train_requested_at"):
+            return None
+        integration = repo.lock_integration(s, integration_id)
+        assert integration is not None
+        if not (integration.state or {}).get("train_requested_at"):
+            return None
+        config = IntegrationConfig.from_dict(integration.config or {})
+        try:
+            policy = effective_auto_batch(config)
+        except ServiceError:
+            policy = {"size": config.batch_size, "when": "batch_done", "n": config.batch_size}
+        now = utcnow()
+        pool = s.get(Pool, integration.pool_id)
+        assert pool is not None
+        # one auto-batch decision at a time per pool (the integration row is locked too)
+        s.execute(select(Pool.id).where(Pool.id == pool.id).with_for_update())
+        reason = _policy_allows(s, integration, policy, now)
+        if reason is not None:
+            log.info("integration %s: no new batch yet (%s)", integration_id, reason)
+            return None
+        size = min(int(policy["size"]), batches_repo.count_available(s, pool.id, now))
+        state = dict(integration.state or {})
+        state.pop("train_requested_at", None)
+        if size < 1:
+            integration.state = state
+            return None
+        try:
+            batch = batches_domain.new_batch_row(
+                s, pool, batches_domain.BatchRequest(size=size, strategy=config.strategy, params={}), now
+            )
+        except ServiceError as exc:
+            integration.state = state
+            integration.status = "error"
+            integration.last_error = f"START_TRAINING: could not request a batch: {exc.message}"
+            return None
+        state["last_auto_batch"] = batch.id
+        integration.state = state
+        batch_id = batch.id
+    log.info("integration %s: auto batch %s (%s)", integration_id, batch_id, policy)
+    _submit_batch(batch_id)
+    return batch_id
+
+
+def _submit_batch(batch_id: str) -> None:
+    """Run a batch this job created: on Redis, as its own RQ job (any worker takes it); with the
+    in-process runner, here and now (jobs run one after another there anyway)."""
+    settings = context.env().settings
+    if settings.redis_url:
+        from service.queue import RQQueue
+
+        queue = RQQueue(settings)
+        try:
+            queue.enqueue("worker.jobs.run_batch", batch_id, batch_id=batch_id)
+            return
+        except Exception:
+            log.exception("could not submit batch %s to Redis; running it here", batch_id)
+        finally:
+            queue.stop()
+    from worker.jobs import run_batch
+
+    run_batch(batch_id)

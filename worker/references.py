@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,29 +31,14 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
+from service.config import tenant_data_root as tenant_data_root  # re-exported: the FetchLimits root
 from service.outbound import OutboundClient, OutboundError, OutboundPolicy, status_line
 
 MAX_IMAGE_PIXELS = 64_000_000  # a decompression bomb is refused, not decoded
-_SAFE_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 class BadReference(Exception):
     """One item's reference cannot be resolved or decoded; the message is stored on the item."""
-
-
-def tenant_data_root(settings: Any, tenant_name: str) -> Path | None:
-    """The folder a tenant's ``file://`` references must lie in, or None (file:// refused for it).
-
-    The operator's assignment (``tenant_data_roots``) wins; otherwise ``<data_root>/<tenant name>``
-    when ``data_root`` is set and the name is a plain folder name (letters, digits, ``.``, ``_``, ``-``).
-    """
-    assigned = (getattr(settings, "tenant_data_roots", None) or {}).get(tenant_name)
-    if assigned is not None:
-        return Path(assigned)
-    root = getattr(settings, "data_root", None)
-    if root is None or not _SAFE_FOLDER.fullmatch(tenant_name) or tenant_name in (".", ".."):
-        return None
-    return Path(root) / tenant_name
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,8 @@ class Client:
         if module.startswith("pandas"):
             import pyarrow as pa
 
-            data = pa.Table.from_pandas(data[["id", "embedding"]], preserve_index=False)
+            columns = ["id", "embedding"] + (["data"] if "data" in data.columns else [])  # data: JSON strings
+            data = pa.Table.from_pandas(data[columns], preserve_index=False)
             module = "pyarrow"
         if module.startswith("pyarrow"):
             import pyarrow.parquet as pq
@@ -185,7 +186,8 @@ class Client:
         return UpsertResult.model_validate(out)
 
     def add_items(self, pool_id: str, items: Sequence[Mapping[str, Any]]) -> UpsertResult:
-        """Upsert ``[{"id", "embedding" | "uri" | "text"}]`` as JSON, in chunks."""
+        """Upsert ``[{"id", "embedding" | "uri" | "text", "data"?}]`` as JSON, in chunks (``data``: the item's
+        content shown to annotators, a JSON object)."""
         created = updated = 0
         job: str | None = None
         for begin in range(0, len(items), JSON_CHUNK):
@@ -308,9 +310,17 @@ class Client:
         return Integration.model_validate(self._request("GET", f"/v1/pools/{pool_id}/integrations/{integration_id}"))
 
     def reconcile(self, pool_id: str, integration_id: str) -> str:
-        """Queue a reconcile (annotations read back from Label Studio); returns the job id."""
+        """Queue a reconcile (annotations read back from Label Studio); returns the run id
+        (see :meth:`reconcile_run`)."""
         out = self._request("POST", f"/v1/pools/{pool_id}/integrations/{integration_id}/reconcile")
-        return str(out["job_id"])
+        return str(out["id"])
+
+    def reconcile_run(self, pool_id: str, integration_id: str, run_id: str) -> dict[str, Any]:
+        """A reconcile: ``status`` (queued | running | succeeded | failed), ``counts``, ``error``."""
+        out: dict[str, Any] = self._request(
+            "GET", f"/v1/pools/{pool_id}/integrations/{integration_id}/reconciles/{run_id}"
+        )
+        return out
 
     def add_webhook(
         self,

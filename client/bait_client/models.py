@@ -125,6 +125,8 @@ class Integration(_Model):
     last_error: str | None = None
     last_synced_at: datetime | None = None
     tasks_linked: int = 0
+    adoption: dict[str, int] | None = None
+    unmatched_annotations: int = 0
     created_at: datetime
     updated_at: datetime
     ml_backend_url: str | None = Field(default=None, description="only in the answer to connect")

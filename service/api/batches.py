@@ -34,7 +34,10 @@ class BatchCreate(RequestModel):
 
 
 class Progress(BaseModel):
-    stage: str | None = Field(description="queued | load | train | embed | select | store | done")
+    stage: str | None = Field(
+        description="queued | reconcile | load | train | embed | select | store | push | done (reconcile and push: "
+        "pools connected to Label Studio)"
+    )
     done: int
     total: int
 
@@ -51,6 +54,11 @@ class BatchOut(BaseModel):
     diagnostics: dict[str, Any] = Field(description="timings per stage, the strategy's diagnostics, head metrics")
     checkpoint_id: str | None
     error: str | None
+    delivery: Literal["pending", "delivered", "failed"] | None = Field(
+        default=None,
+        description="Label Studio push of a connected pool's batch (per project in diagnostics.labelstudio); "
+        "failed: retry with POST .../delivery",
+    )
     attempts: int
     attempt_history: list[Attempt] = Field(description="every attempt, oldest first, with its outcome")
     created_at: datetime
@@ -119,6 +127,16 @@ def list_batches(
 def get_batch(pool: str, batch_id: str, session: SessionDep, tenant: TenantDep) -> BatchOut:
     """A batch: status, progress, and once succeeded the selected item ids in pick order."""
     return BatchOut.model_validate(domain.batch_view(domain.get_batch(session, tenant.id, pool, batch_id)))
+
+
+@router.post(
+    "/{batch_id}/delivery", status_code=status.HTTP_202_ACCEPTED, response_model=BatchOut, responses=ERROR_RESPONSES
+)
+def retry_delivery(pool: str, batch_id: str, request: Request, session: SessionDep, tenant: TenantDep) -> BatchOut:
+    """Push a succeeded batch into the pool's Label Studio projects again (items that already have a task
+    are skipped); poll the batch until `delivery` is `delivered` or `failed`."""
+    batch = domain.request_delivery(session, queue_of(request), tenant.id, pool, batch_id)
+    return BatchOut.model_validate(domain.batch_view(batch))
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchOut, responses=ERROR_RESPONSES)

@@ -8,7 +8,7 @@ the secret). The API token is stored encrypted and never returned.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +26,16 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     502: {"model": ErrorBody, "description": "Label Studio could not be reached"},
 }
+
+
+class AutoBatch(RequestModel):
+    size: int | None = Field(default=None, ge=1, le=1_000_000, description="batch size (default: batch_size)")
+    when: Literal["batch_done", "every_n_labels"] = Field(
+        default="batch_done",
+        description="batch_done: once every item of the latest pushed batch is labeled; every_n_labels: once n "
+        "labels arrived since it was created",
+    )
+    n: int | None = Field(default=None, ge=1, le=1_000_000, description="labels per batch with every_n_labels")
 
 
 class LabelStudioConnect(RequestModel):
@@ -54,6 +64,18 @@ class LabelStudioConnect(RequestModel):
     predictions: bool = Field(default=True, description="import the model's predictions as pre-annotations")
     batch_size: int = Field(default=10, ge=1, description="size of the batch a START_TRAINING webhook requests")
     strategy: str = Field(default="bait", description="strategy of the batch a START_TRAINING webhook requests")
+    data_map: dict[str, str] | None = Field(
+        default=None,
+        description="item data key -> task data field, where they differ (default: task data = item data, same keys)",
+    )
+    auto_batch: AutoBatch | None = Field(
+        default=None,
+        description="when START_TRAINING (e.g. Label Studio's 'train on submission') creates a batch; default "
+        '{"size": batch_size, "when": "batch_done"}; never while a batch of the pool is queued or running',
+    )
+    next_batch_view: bool = Field(
+        default=True, description='keep a Data Manager view "bait: next batch" (the latest batch, unlabeled, by rank)'
+    )
     verify: bool = Field(default=True, description="check Label Studio, the project and the mapping now (recommended)")
 
 
@@ -68,6 +90,14 @@ class IntegrationOut(BaseModel):
     last_error: str | None = Field(description="why the last import, reconcile or webhook failed")
     last_synced_at: datetime | None = Field(description="end of the last successful reconcile")
     tasks_linked: int = Field(description="items imported as tasks (or adopted) so far")
+    adoption: dict[str, int] | None = Field(
+        description="last reconcile: tasks of the project linked to items (linked), adopted now, carrying an unknown "
+        "item id (unknown), or a further task of an item that already has one (ambiguous)"
+    )
+    unmatched_annotations: int = Field(
+        description="annotations on tasks that match no item of the pool (they become no label)"
+    )
+    train_requested: bool = Field(description="a START_TRAINING waits for the auto_batch policy to allow a batch")
     created_at: datetime
     updated_at: datetime
 
@@ -80,12 +110,30 @@ class IntegrationCreated(IntegrationOut):
     secret: str = Field(description="the secret in ml_backend_url, also the HTTP Basic password; shown only now")
 
 
+class IntegrationConnected(IntegrationCreated):
+    reconcile: ReconcileOut = Field(description="the first reconcile: adopts the project's existing tasks")
+
+
+class SecretRotated(BaseModel):
+    ml_backend_url: str = Field(description="the new ML-backend URL (update it in Label Studio); shown only now")
+    secret: str = Field(description="the new secret (also the HTTP Basic password); the old one stops working now")
+
+
 class IntegrationList(BaseModel):
     integrations: list[IntegrationOut]
 
 
-class ReconcileQueued(BaseModel):
-    job_id: str
+class ReconcileOut(BaseModel):
+    id: str
+    trigger: str = Field(description="api | connect | webhook | batch")
+    status: Literal["queued", "running", "succeeded", "failed"]
+    counts: dict[str, int] | None = Field(
+        description="tasks, written, removed, unchanged, adopted, unknown, ambiguous, unmatched"
+    )
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
 
 
 def queue_of(request: Request) -> JobQueue:
@@ -98,7 +146,7 @@ def public_base(request: Request, configured: str | None) -> str:
 
 
 @router.post(
-    "/labelstudio", status_code=status.HTTP_201_CREATED, response_model=IntegrationCreated, responses=RESPONSES
+    "/labelstudio", status_code=status.HTTP_201_CREATED, response_model=IntegrationConnected, responses=RESPONSES
 )
 def connect_labelstudio(
     pool: str,
@@ -108,9 +156,10 @@ def connect_labelstudio(
     session: SessionDep,
     settings: SettingsDep,
     tenant: TenantDep,
-) -> IntegrationCreated:
-    """Connect the pool to a Label Studio project: each succeeded batch is imported as tasks, and
-    annotations come back as labels (by webhook, and by reconcile)."""
+) -> IntegrationConnected:
+    """Connect the pool to a Label Studio project: each batch is pushed as tasks showing the items'
+    content, and annotations come back as labels (by Label Studio's webhook, and by reconcile). The
+    project's existing tasks that carry one of the pool's item ids are adopted by a first reconcile."""
     config = IntegrationConfig(
         id_field=body.id_field,
         data_field=body.data_field,
@@ -119,15 +168,22 @@ def connect_labelstudio(
         predictions=body.predictions,
         batch_size=body.batch_size,
         strategy=body.strategy,
+        data_map=body.data_map,
+        auto_batch=None if body.auto_batch is None else body.auto_batch.model_dump(exclude_none=True),
+        next_batch_view=body.next_batch_view,
     )
+    base = public_base(request, settings.public_url)
     req = domain.ConnectRequest(
-        url=body.url, token=body.token, project_id=body.project_id, config=config, verify=body.verify
+        url=body.url, token=body.token, project_id=body.project_id, config=config, verify=body.verify, public_base=base
     )
     row, secret = domain.connect_labelstudio(session, settings, tenant.id, pool, req)
+    run = domain.request_reconcile(session, queue_of(request), row, trigger="connect")
     response.headers["Location"] = f"/v1/pools/{pool}/integrations/{row.id}"
-    base = public_base(request, settings.public_url)
-    return IntegrationCreated(
-        **domain.view(session, row), ml_backend_url=f"{base}/labelstudio/{row.id}/{secret}", secret=secret
+    return IntegrationConnected(
+        **domain.view(session, row),
+        ml_backend_url=f"{base}/labelstudio/{row.id}/{secret}",
+        secret=secret,
+        reconcile=ReconcileOut(**domain.reconcile_view(run)),
     )
 
 
@@ -152,12 +208,35 @@ def delete_integration(pool: str, integration_id: str, session: SessionDep, tena
 @router.post(
     "/{integration_id}/reconcile",
     status_code=status.HTTP_202_ACCEPTED,
-    response_model=ReconcileQueued,
+    response_model=ReconcileOut,
     responses=ERROR_RESPONSES,
 )
 def reconcile(
-    pool: str, integration_id: str, request: Request, session: SessionDep, tenant: TenantDep
-) -> ReconcileQueued:
-    """Read every annotation of the project back and make the pool's labels match (recovers lost webhooks)."""
+    pool: str, integration_id: str, request: Request, response: Response, session: SessionDep, tenant: TenantDep
+) -> ReconcileOut:
+    """Read every annotation of the project back and make the pool's labels match (recovers lost webhooks,
+    adopts tasks that carry item ids). Poll the `Location` for its status and counts."""
     row = domain.get_integration(session, tenant.id, pool, integration_id)
-    return ReconcileQueued(job_id=domain.request_reconcile(session, queue_of(request), row))
+    run = domain.request_reconcile(session, queue_of(request), row)
+    response.headers["Location"] = f"/v1/pools/{pool}/integrations/{integration_id}/reconciles/{run.id}"
+    return ReconcileOut(**domain.reconcile_view(run))
+
+
+@router.get("/{integration_id}/reconciles/{run_id}", response_model=ReconcileOut, responses=ERROR_RESPONSES)
+def get_reconcile(pool: str, integration_id: str, run_id: str, session: SessionDep, tenant: TenantDep) -> ReconcileOut:
+    """A reconcile: status and counts (written, removed, adopted, unknown, ambiguous, unmatched)."""
+    row = domain.get_integration(session, tenant.id, pool, integration_id)
+    return ReconcileOut(**domain.reconcile_view(domain.get_reconcile(session, row, run_id)))
+
+
+@router.post("/{integration_id}/rotate-secret", response_model=SecretRotated, responses=ERROR_RESPONSES)
+def rotate_secret(
+    pool: str, integration_id: str, request: Request, session: SessionDep, settings: SettingsDep, tenant: TenantDep
+) -> SecretRotated:
+    """A new ML-backend secret; the old one stops working at once. In Label Studio, update the ML backend's
+    URL (or its Basic password), and in URL-secret mode also the URL of the webhook Label Studio created
+    for it (Settings -> Webhooks): Label Studio does not change that one by itself."""
+    row = domain.get_integration(session, tenant.id, pool, integration_id)
+    secret = domain.rotate_secret(session, row)
+    base = public_base(request, settings.public_url)
+    return SecretRotated(ml_backend_url=f"{base}/labelstudio/{row.id}/{secret}", secret=secret)

@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 from service.api.schemas import ItemOut, ItemPage, ItemsUpsert, UpsertResult
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import embedding as embedding_domain
-from service.domain import ingest
+from service.domain import ingest, item_data
 from service.domain import items as items_domain
 from service.domain import quality as quality_domain
 from service.domain.pools import get_pool
@@ -36,7 +36,8 @@ _BULK_BODY_DOC = {
         "required": True,
         "description": (
             "An .npz with arrays `ids` (n strings) and `embeddings` (n x d float32/float64), or a Parquet "
-            "file with a string column `id` and a list<float> column `embedding`; as the raw body "
+            "file with a string column `id` and a list<float> column `embedding`; optionally item content as "
+            "JSON strings (.npz: a string array `data`; Parquet: a string column `data`); as the raw body "
             "(any Content-Type, e.g. application/octet-stream) or as the multipart/form-data field `file`."
         ),
         "content": {
@@ -79,6 +80,8 @@ def item_out(
             fields["embedding_error"] = info.error
         if info.source is not None:
             fields["embedding_source"] = info.source
+    if row.data is not None:
+        fields["data"] = row.data
     # Only the fields set here are sent (label or target by the pool's task; embedding on request).
     return ItemOut(**fields)
 
@@ -95,6 +98,7 @@ def upsert_items(
     `GET /v1/pools/{pool}/embed`). Until then they are `pending` and never selected."""
     p = get_pool(session, tenant.id, pool)
     items_domain.check_ids([it.id for it in body.items])
+    item_data.check_data([it.id for it in body.items], [it.data for it in body.items], settings.max_item_data_bytes)
     direct = [it for it in body.items if it.embedding is not None]
     refs = [it for it in body.items if it.embedding is None]
     created = updated = 0
@@ -122,6 +126,7 @@ def upsert_items(
         chosen = [it.id for it in body.items if it.split == split]
         if chosen:
             quality_domain.move_items(session, p, chosen, split)
+    items_domain.store_data(session, p, [(it.id, it.data) for it in body.items if it.data is not None])
     return UpsertResult(created=created, updated=updated, embed_job_id=job_id)
 
 
@@ -151,6 +156,14 @@ async def bulk_upload(
     split: Annotated[
         Literal["train", "validation"] | None,
         Query(description="put every item of the file in this split (omitted: new items train, others unchanged)"),
+    ] = None,
+    data_column: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="item content: a string column/array of JSON objects, one per item (default `data`, "
+            "optional; null or empty string: no data)",
+        ),
     ] = None,
 ) -> UpsertResult:
     """Upsert many items from one file (same semantics as the JSON upsert). The key and the pool are
@@ -185,6 +198,8 @@ async def bulk_upload(
             embedding_column=embedding_column,
             max_inflated_bytes=settings.max_upload_inflated_bytes,
             split=split,
+            data_column=data_column,
+            max_data_bytes=settings.max_item_data_bytes,
         )
     finally:
         fileobj.close()

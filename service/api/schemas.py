@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
@@ -215,6 +215,11 @@ class ItemIn(RequestModel):
         description="validation: held out (never selected or trained on; scores each head). "
         "Omitted: new items are train, existing ones keep their split",
     )
+    data: dict[str, Any] | None = Field(
+        default=None,
+        description='content shown to annotators (a JSON object, e.g. {"text": ...} or {"image": url}); '
+        "at most 64 KiB; omitted: the item keeps the data it has",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ItemIn:
@@ -265,6 +270,7 @@ class ItemOut(BaseModel):
     )
     embedding_error: str | None = Field(default=None, description="why the reference could not be encoded")
     embedding_source: str | None = Field(default=None, description="encoder name@version that computed it")
+    data: dict[str, Any] | None = Field(default=None, description="the item's content (JSON object), if any")
 
 
 class ItemPage(BaseModel):

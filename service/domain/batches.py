@@ -27,6 +27,7 @@ from service.store import batches as store
 from service.store.attempts import close_running
 from service.store.models import Batch, Pool
 
+REDELIVER = "worker.labelstudio.redeliver"
 RUN_BATCH = "worker.jobs.run_batch"
 CANCELLABLE = ("queued", "running", "succeeded")
 
@@ -116,6 +117,46 @@ def draw_seed() -> int:
     return secrets.randbelow(2**31)
 
 
+def new_batch_row(session: Session, pool: Pool, req: BatchRequest, now: datetime) -> Batch:
+    """A validated ``queued`` batch row that the caller runs itself (the Label Studio auto-batch job)."""
+    size, strategy, params = validate_request(session, pool, req, now)
+    batch = Batch(
+        pool_id=pool.id,
+        size=size,
+        strategy=strategy,
+        params=params,
+        status="queued",
+        progress_stage="queued",
+        progress_done=0,
+        progress_total=0,
+        attempts=0,
+        created_at=now,
+    )
+    session.add(batch)
+    session.flush()
+    return batch
+
+
+def request_delivery(session: Session, queue: JobQueue, tenant_id: str, pool_id: str, batch_id: str) -> Batch:
+    """Queue a new push of a succeeded batch to Label Studio (Conflict unless succeeded)."""
+    batch = get_batch(session, tenant_id, pool_id, batch_id)
+    if batch.status != "succeeded":
+        raise Conflict(f"batch {batch_id!r} is {batch.status}; only a succeeded batch is delivered")
+    enqueue_on_commit(session, queue, REDELIVER, f"ls-deliver-{batch.id}", batch_id=batch.id)
+    return batch
+
+
+def delivery_state(batch: Batch) -> str | None:
+    """Label Studio delivery of a batch: ``pending`` (being pushed), ``delivered``, ``failed`` (retry with
+    ``POST .../batches/{id}/delivery``), or None when its pool has no integration."""
+    info = (batch.diagnostics or {}).get("labelstudio")
+    if batch.status == "running" and batch.progress_stage == "push":
+        return "pending"
+    if not isinstance(info, dict) or not info:
+        return None
+    return "failed" if any((v or {}).get("status") != "ok" for v in info.values()) else "delivered"
+
+
 def _same_request(batch: Batch, req: BatchRequest) -> Batch:
     stored = dict(batch.params or {})
     if (req.params or {}).get("seed") is None:
@@ -186,6 +227,7 @@ def batch_view(batch: Batch) -> dict[str, Any]:
         "diagnostics": batch.diagnostics or {},
         "checkpoint_id": batch.checkpoint_id,
         "error": batch.error,
+        "delivery": delivery_state(batch),
         "attempts": batch.attempts,
         "attempt_history": batch.attempt_history or [],
         "created_at": batch.created_at,

@@ -11,6 +11,7 @@ from typing import IO, Literal, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from service.domain import archives
 from service.errors import InvalidFile, UnsupportedMediaType
@@ -129,3 +130,49 @@ def parse_parquet(
         raise InvalidFile(f"column {emb_col!r} has null values inside embeddings")
     emb = values.to_numpy(zero_copy_only=False).reshape(n, d)
     return ids_col.to_pylist(), emb
+
+
+def parse_data_strings(
+    fmt: FileFormat, fileobj: IO[bytes], data_column: str | None, n: int, max_inflated_bytes: int
+) -> list[str | None] | None:
+    """Item content as JSON strings, one per item: the ``data`` column (Parquet, strings, null: none) or
+    array (.npz, 1-D strings, empty: none). ``None`` when the file has none and none was asked for. Read
+    like the embeddings: within ``max_inflated_bytes``, checked before inflating (413 above it).
+
+    Raises:
+        InvalidFile: the column/array asked for is missing, not strings, or not one per item.
+        PayloadTooLarge: the column would inflate above ``max_inflated_bytes``.
+    """
+    name = data_column or "data"
+    if fmt == "npz":
+        arrays = archives.read_npz(fileobj, budget=max_inflated_bytes, names=[name])
+        if name not in arrays:
+            if data_column is not None:
+                raise InvalidFile(f".npz has no array {name!r}", {"missing": name})
+            return None
+        arr = arrays[name]
+        if arr.ndim != 1 or arr.shape[0] != n:
+            raise InvalidFile(f"array {name!r} must be 1-D with one JSON string per item ({n}), got {list(arr.shape)}")
+        if arr.dtype.kind == "U":
+            return [s or None for s in arr.tolist()]
+        if arr.dtype.kind == "S":
+            try:
+                return [b.decode("utf-8") or None for b in arr.tolist()]
+            except UnicodeDecodeError as exc:
+                raise InvalidFile(f"array {name!r} holds bytes that are not UTF-8") from exc
+        raise InvalidFile(f"array {name!r} must hold JSON strings, got dtype {arr.dtype}")
+    try:
+        names = pq.ParquetFile(fileobj).schema_arrow.names
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InvalidFile(f"not a readable Parquet file: {exc}") from exc
+    if name not in names:
+        if data_column is not None:
+            raise InvalidFile(f"Parquet file has no column {name!r} (columns: {names})")
+        return None
+    fileobj.seek(0)
+    col = archives.read_parquet_columns(fileobj, [name], budget=max_inflated_bytes).column(name)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise InvalidFile(f"column {name!r} must hold JSON strings, got {col.type}")
+    if len(col) != n:
+        raise InvalidFile(f"column {name!r} has {len(col)} rows for {n} items")
+    return cast(list[str | None], col.to_pylist())

@@ -6,12 +6,15 @@ accepted, the project exists, and the mapping fits its labeling config (see
 :func:`service.labelstudio.resolve_mapping`). The API token is stored Fernet-encrypted
 (:mod:`service.crypto`) and never returned. A random secret is generated per integration; its SHA-256 is
 stored and the secret is shown once, inside the ML-backend URL
-``<public url>/labelstudio/<integration id>/<secret>``.
+``<public url>/labelstudio/<integration id>/<secret>`` (``rotate-secret`` makes a new one). A first
+reconcile run is queued at connect: it adopts the project's tasks that carry item ids.
 
 Webhook work is queued (Label Studio waits one second for an answer and never retries): annotation
-created/updated events become a ``worker.labelstudio.apply_annotation`` job, deletions a reconcile job
-(``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
-``START_TRAINING`` creates the next batch of the integration's configured size and strategy.
+created/updated events become a ``worker.labelstudio.apply_annotation`` job (applied once per annotation
+id and updated time; an unauthenticated event is a hint read back from Label Studio), deletions a
+reconcile run (``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
+``START_TRAINING`` a ``worker.labelstudio.train_requested`` job: the integration's ``auto_batch`` policy
+decides whether and when it becomes a batch.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from service import crypto
+from service import labelstudio as lsmod
 from service.config import Settings
-from service.domain import batches as batches_domain
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound, ServiceError, Unauthorized
 from service.labelstudio import IntegrationConfig, LabelStudioClient, LabelStudioError, Mapping, resolve_mapping
@@ -34,11 +37,12 @@ from service.outbound import DestinationRefused, OutboundPolicy, check_destinati
 from service.queue import JobFailed, JobQueue, JobTimeout, enqueue_on_commit
 from service.store import batches as batches_repo
 from service.store import integrations as repo
-from service.store.models import Integration, Pool
+from service.store.models import Integration, Pool, ReconcileRun
 
 log = logging.getLogger(__name__)
 
-RECONCILE = "worker.labelstudio.reconcile"
+RECONCILE = "worker.labelstudio.run_reconcile"
+TRAIN_REQUESTED = "worker.labelstudio.train_requested"
 APPLY_ANNOTATION = "worker.labelstudio.apply_annotation"
 PREDICT = "worker.jobs.predict"
 ANNOTATION_EVENTS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
@@ -77,10 +81,20 @@ class ConnectRequest:
     project_id: int
     config: IntegrationConfig
     verify: bool = True
+    public_base: str | None = None  # this service's URL as Label Studio reaches it (for content links)
+
+
+AUTO_BATCH_WHEN = ("batch_done", "every_n_labels")
 
 
 def check_project(
-    settings: Settings, url: str, token: str, project_id: int, pool: Pool, config: IntegrationConfig
+    settings: Settings,
+    url: str,
+    token: str,
+    project_id: int,
+    pool: Pool,
+    config: IntegrationConfig,
+    data_keys: set[str] | None = None,
 ) -> Mapping:
     """Reach Label Studio, read the project, and resolve the mapping against its labeling config.
 
@@ -89,7 +103,56 @@ def check_project(
     """
     with LabelStudioClient.from_settings(url, token, settings) as ls:
         project = ls.project(project_id)
-    return resolve_mapping(pool.task, pool.classes, pool.n_outputs, config, str(project.get("label_config") or ""))
+    label_config = str(project.get("label_config") or "")
+    return resolve_mapping(pool.task, pool.classes, pool.n_outputs, config, label_config, data_keys)
+
+
+def check_config(config: IntegrationConfig) -> dict[str, Any]:
+    """Validate the integration options that Label Studio does not check; returns the effective auto_batch.
+
+    Raises:
+        BadRequest: saying which option is wrong and how.
+    """
+    if config.batch_size < 1:
+        raise BadRequest("batch_size must be at least 1")
+    for name, value in (("id_field", config.id_field), ("data_field", config.data_field)):
+        if not value or len(value) > 200 or "\x00" in value:
+            raise BadRequest(f"{name} must be a non-empty field name of at most 200 characters")
+    dmap = config.data_map or {}
+    if len(dmap) > 200:
+        raise BadRequest("data_map: at most 200 renames")
+    for k, v in dmap.items():
+        if not k or not v or len(k) > 200 or len(v) > 200 or "\x00" in k + v:
+            raise BadRequest("data_map: keys and values must be non-empty field names of at most 200 characters")
+    targets = list(dmap.values())
+    if len(set(targets)) != len(targets):
+        raise BadRequest("data_map: two item data keys are renamed to the same task field")
+    reserved = {config.id_field, lsmod.BATCH_FIELD, lsmod.RANK_FIELD}
+    clash = sorted(reserved & set(targets))
+    if clash:
+        raise BadRequest(f"data_map: {clash} is reserved (our item id, batch id and rank go there)")
+    return effective_auto_batch(config)
+
+
+def effective_auto_batch(config: IntegrationConfig) -> dict[str, Any]:
+    """``auto_batch`` with its defaults: ``{"size": batch_size, "when": "batch_done", "n": size}``.
+
+    Raises:
+        BadRequest: an unknown key, a size or n below 1, or an unknown ``when``.
+    """
+    given = dict(config.auto_batch or {})
+    unknown = sorted(set(given) - {"size", "when", "n"})
+    if unknown:
+        raise BadRequest(f"auto_batch: unknown key(s) {unknown}; it takes size, when and n")
+    size = given.get("size", config.batch_size)
+    when = given.get("when", "batch_done")
+    n = given.get("n", size)
+    if when not in AUTO_BATCH_WHEN:
+        raise BadRequest(f"auto_batch.when must be one of {list(AUTO_BATCH_WHEN)}, got {when!r}")
+    for name, v in (("size", size), ("n", n)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
+            raise BadRequest(f"auto_batch.{name} must be an integer from 1 to 1000000, got {v!r}")
+    return {"size": size, "when": when, "n": n}
 
 
 def connect_labelstudio(
@@ -103,12 +166,14 @@ def connect_labelstudio(
         raise BadRequest("token must be a Label Studio API token")
     # Checked even when `verify` is off: workers would call this address later.
     check_destination(req.url, OutboundPolicy.from_settings(settings), "Label Studio url")
-    if req.config.batch_size < 1:
-        raise BadRequest("batch_size must be at least 1")
+    auto_batch = check_config(req.config)
     stored = req.config.to_dict()
+    stored["auto_batch"] = auto_batch
+    stored["public_base"] = req.public_base
     if req.verify:
+        keys = repo.data_keys(session, pool.id)
         try:
-            mapping = check_project(settings, req.url, req.token, req.project_id, pool, req.config)
+            mapping = check_project(settings, req.url, req.token, req.project_id, pool, req.config, keys)
         except LabelStudioError as exc:
             raise as_service_error(exc) from exc
         stored["mapping"] = mapping.to_dict()
@@ -124,11 +189,21 @@ def connect_labelstudio(
         secret_hash=crypto.hash_secret(secret),
         status="ok",
         last_error=None,
+        state={},
         created_at=now,
         updated_at=now,
     )
     repo.add(session, row)
     return row, secret
+
+
+def rotate_secret(session: Session, integration: Integration) -> str:
+    """A new ML-backend secret (the old one stops working at once); returns it (shown once)."""
+    secret = crypto.new_secret()
+    integration.secret_hash = crypto.hash_secret(secret)
+    integration.updated_at = utcnow()
+    session.flush()
+    return secret
 
 
 def get_integration(session: Session, tenant_id: str, pool_id: str, integration_id: str) -> Integration:
@@ -148,17 +223,48 @@ def delete_integration(session: Session, tenant_id: str, pool_id: str, integrati
     repo.delete_row(session, get_integration(session, tenant_id, pool_id, integration_id))
 
 
-def request_reconcile(session: Session, queue: JobQueue, integration: Integration) -> str:
-    """Queue a reconcile of the integration after commit; returns the job id."""
-    job_id = f"ls-reconcile-{integration.id}"
-    enqueue_on_commit(session, queue, RECONCILE, job_id, integration_id=integration.id)
-    return job_id
+def request_reconcile(
+    session: Session, queue: JobQueue, integration: Integration, trigger: str = "api"
+) -> ReconcileRun:
+    """A reconcile run of the integration, submitted after commit; one already waiting is reused."""
+    waiting = repo.queued_reconcile(session, integration.id, utcnow() - timedelta(minutes=10))
+    if waiting is not None:
+        return waiting
+    run = ReconcileRun(integration_id=integration.id, trigger=trigger, status="queued", created_at=utcnow())
+    repo.add(session, run)
+    enqueue_on_commit(session, queue, RECONCILE, run.id, run_id=run.id)
+    return run
+
+
+def get_reconcile(session: Session, integration: Integration, run_id: str) -> ReconcileRun:
+    run = repo.get_reconcile(session, integration.id, run_id)
+    if run is None:
+        raise NotFound(f"reconcile {run_id!r} not found")
+    return run
+
+
+def reconcile_view(run: ReconcileRun) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "trigger": run.trigger,
+        "status": run.status,
+        "counts": run.counts,
+        "error": run.error,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+    }
 
 
 def view(session: Session, integration: Integration) -> dict[str, Any]:
     config = dict(integration.config or {})
     mapping = config.pop("mapping", None)
+    config.pop("public_base", None)
+    state = dict(integration.state or {})
     return {
+        "adoption": state.get("adoption"),
+        "unmatched_annotations": int(state.get("unmatched_annotations") or 0),
+        "train_requested": state.get("train_requested_at") is not None,
         "id": integration.id,
         "kind": integration.kind,
         "url": integration.url,
@@ -175,6 +281,14 @@ def view(session: Session, integration: Integration) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ ML backend
+
+
+def known_integration(session: Session, integration_id: str) -> Integration:
+    """The integration (for an unauthenticated hint); Unauthorized when there is none."""
+    row = repo.get_integration_by_id(session, integration_id)
+    if row is None:
+        raise Unauthorized("unknown integration or wrong secret in the ML-backend URL")
+    return row
 
 
 def authenticate(session: Session, integration_id: str, secret: str | None) -> Integration:
@@ -243,13 +357,30 @@ def predict(
 
 
 def handle_webhook(
-    session: Session, queue: JobQueue, integration: Integration, payload: dict[str, Any]
+    session: Session, queue: JobQueue, integration: Integration, payload: dict[str, Any], *, verified: bool = True
 ) -> dict[str, Any]:
-    """Queue what a Label Studio webhook asks for; never raises for a payload we do not handle."""
+    """Queue what a Label Studio webhook asks for; never raises for a payload we do not handle.
+
+    ``verified`` is False for an event that came without credentials (Label Studio's automatic webhook
+    in HTTP Basic mode sends none): it is only a hint, its content is not trusted. The job reads the
+    annotation back from Label Studio with our token and applies what Label Studio says. A
+    ``START_TRAINING`` (Label Studio sends it with the backend's credentials) must be verified.
+    Duplicates (a second webhook, a retry) are dropped by the job: (annotation id, updated time) once.
+    """
     action = str(payload.get("action") or "")
     if action in ANNOTATION_EVENTS:
-        annotation = payload.get("annotation") or {}
-        task = payload.get("task") or {}
+        annotation = payload.get("annotation") if isinstance(payload.get("annotation"), dict) else {}
+        assert isinstance(annotation, dict)
+        ann_id = annotation.get("id")
+        if not isinstance(ann_id, int) or isinstance(ann_id, bool):
+            return {"status": "ignored", "reason": "no annotation id in the payload"}
+        if not verified:
+            job_id = f"ls-hint-{integration.id}-{ann_id}"
+            event: dict[str, Any] = {"action": action, "annotation_id": ann_id, "verify": True}
+            enqueue_on_commit(session, queue, APPLY_ANNOTATION, job_id, integration_id=integration.id, event=event)
+            return {"status": "queued", "job_id": job_id}
+        task = payload.get("task") if isinstance(payload.get("task"), dict) else {}
+        assert isinstance(task, dict)
         task_id = (
             annotation.get("task") if not isinstance(annotation.get("task"), dict) else annotation["task"].get("id")
         )
@@ -269,25 +400,12 @@ def handle_webhook(
         enqueue_on_commit(session, queue, APPLY_ANNOTATION, job_id, integration_id=integration.id, event=event)
         return {"status": "queued", "job_id": job_id}
     if action in DELETE_EVENTS:
-        return {"status": "queued", "job_id": request_reconcile(session, queue, integration)}
+        run = request_reconcile(session, queue, integration, trigger="webhook")
+        return {"status": "queued", "reconcile_id": run.id}
     if action == "START_TRAINING":
-        config = IntegrationConfig.from_dict(integration.config or {})
-        pool = session.get(Pool, integration.pool_id)
-        assert pool is not None
-        size = min(config.batch_size, batches_repo.count_available(session, pool.id, utcnow()))
-        try:
-            if size < 1:
-                raise BadRequest("no unlabeled items left to select")
-            batch, _ = batches_domain.create_batch(
-                session,
-                queue,
-                pool.tenant_id,
-                pool.id,
-                batches_domain.BatchRequest(size=size, strategy=config.strategy, params={}),
-            )
-        except ServiceError as exc:
-            integration.status = "error"
-            integration.last_error = f"START_TRAINING: could not request a batch: {exc.message}"
-            return {"status": "error", "error": exc.message}
-        return {"status": "queued", "batch_id": batch.id}
+        if not verified:
+            return {"status": "ignored", "reason": "START_TRAINING without the backend's credentials"}
+        job_id = f"ls-train-{integration.id}-{uuid.uuid4().hex}"
+        enqueue_on_commit(session, queue, TRAIN_REQUESTED, job_id, integration_id=integration.id)
+        return {"status": "queued", "job_id": job_id}
     return {"status": "ignored", "action": action}

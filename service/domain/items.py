@@ -10,12 +10,12 @@ import binascii
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.domain import ingest
+from service.domain import ingest, item_data
 from service.errors import (
     DuplicateId,
     InvalidCursor,
@@ -121,22 +121,35 @@ def upsert_file(
     embedding_column: str | None,
     max_inflated_bytes: int,
     split: str | None = None,
+    data_column: str | None = None,
+    max_data_bytes: int = 64 * 2**10,
 ) -> tuple[int, int]:
-    """Upsert the items of an .npz or Parquet file; returns ``(created, updated)``. With ``split``, every
-    item of the file is put in that split (``train`` | ``validation``)."""
+    """Upsert the items of an .npz or Parquet file (with their content when the file has a ``data``
+    column); returns ``(created, updated)``. With ``split``, every item of the file is put in that split
+    (``train`` | ``validation``)."""
     ids, emb = ingest.parse(fmt, fileobj, id_column, embedding_column, max_inflated_bytes)
     if not ids:
         raise ingest.InvalidFile("the file holds no items")
     check_ids(ids)
     with np.errstate(over="ignore"):
         emb32 = check_embeddings(pool, ids, emb)
+    fileobj.seek(0)
+    raw = ingest.parse_data_strings(fmt, fileobj, data_column, len(ids), max_inflated_bytes)
+    datas = item_data.parse_json_strings(ids, raw, max_data_bytes) if raw is not None else None
     now = datetime.now(UTC)
     counts = items_repo.upsert_embeddings(session, pool.id, ids, emb32, now)
     if split is not None:
         quality_repo.set_split(
             session, pool.id, list(items_repo.internal_ids(session, pool.id, ids).values()), split, now
         )
+    if datas is not None:
+        store_data(session, pool, [(e, d) for e, d in zip(ids, datas, strict=True) if d is not None])
     return counts
+
+
+def store_data(session: Session, pool: Pool, values: Sequence[tuple[str, dict[str, Any] | None]]) -> None:
+    """Write validated item content ``(external id, data)`` of items that exist (just upserted)."""
+    items_repo.set_data(session, pool.id, [(e, d) for e, d in values if d is not None], datetime.now(UTC))
 
 
 # ------------------------------------------------------------------------------------------- listing

@@ -103,6 +103,12 @@ def touch_attempt(
     return _update_if_running(session, model, row_id, attempt, values)
 
 
+def write_if_running(session: Session, model: JobModel, row_id: str, attempt: int, values: dict[str, Any]) -> bool:
+    """Write ``values`` of a running attempt that goes on (the attempt stays open in the history); False
+    when the row is no longer this attempt's (cancelled, or taken over)."""
+    return _update_if_running(session, model, row_id, attempt, values)
+
+
 def _update_if_running(session: Session, model: JobModel, row_id: str, attempt: int, values: dict[str, Any]) -> bool:
     """One UPDATE of ``values`` that applies only while the row is still this attempt's running job."""
     result = session.execute(

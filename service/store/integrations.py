@@ -6,10 +6,21 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.store.models import Integration, Item, Label, TaskLink, WebhookDelivery, WebhookEndpoint
+from service.store.models import (
+    Batch,
+    Integration,
+    Item,
+    Label,
+    LabelStudioEvent,
+    ReconcileRun,
+    TaskLink,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 # ------------------------------------------------------------------------------------------ integrations
 
@@ -35,6 +46,109 @@ def list_integrations(session: Session, pool_id: str) -> Sequence[Integration]:
 def pool_integration_ids(session: Session, pool_id: str, kind: str = "labelstudio") -> list[str]:
     stmt = select(Integration.id).where(Integration.pool_id == pool_id, Integration.kind == kind)
     return [str(i) for i in session.execute(stmt.order_by(Integration.created_at)).scalars()]
+
+
+def lock_integration(session: Session, integration_id: str) -> Integration | None:
+    """The integration, locked for the rest of the transaction (PostgreSQL: row lock; SQLite: a no-op
+    UPDATE first takes the database's write lock, so what is read next is current)."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(
+            update(Integration).where(Integration.id == integration_id).values(updated_at=Integration.updated_at)
+        )
+    return get_integration_by_id(session, integration_id, for_update=True)
+
+
+def data_keys(session: Session, pool_id: str, sample: int = 1000) -> set[str]:
+    """The keys of item data in the pool (from up to ``sample`` items that carry data)."""
+    rows = session.execute(
+        select(Item.data).where(Item.pool_id == pool_id, Item.data.is_not(None)).order_by(Item.id).limit(sample)
+    ).scalars()
+    keys: set[str] = set()
+    for d in rows:
+        if isinstance(d, dict):
+            keys.update(d)
+    return keys
+
+
+def queued_reconcile(session: Session, integration_id: str, since: datetime) -> ReconcileRun | None:
+    """A run of the integration still waiting that was requested after ``since`` (older ones may have been
+    lost with their job and are not reused)."""
+    stmt = select(ReconcileRun).where(
+        ReconcileRun.integration_id == integration_id,
+        ReconcileRun.status == "queued",
+        ReconcileRun.created_at > since,
+    )
+    return session.execute(stmt.order_by(ReconcileRun.created_at).limit(1)).scalar_one_or_none()
+
+
+def prune_events(session: Session, integration_id: str, before: datetime) -> None:
+    session.execute(
+        delete(LabelStudioEvent).where(
+            LabelStudioEvent.integration_id == integration_id, LabelStudioEvent.created_at < before
+        )
+    )
+
+
+def get_reconcile(session: Session, integration_id: str, run_id: str) -> ReconcileRun | None:
+    stmt = select(ReconcileRun).where(ReconcileRun.id == run_id, ReconcileRun.integration_id == integration_id)
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def seen_event(session: Session, integration_id: str, annotation_id: int, updated_at: str, now: datetime) -> bool:
+    """Record an annotation event; True when it was recorded before (a duplicate)."""
+    try:
+        with session.begin_nested():
+            session.add(
+                LabelStudioEvent(
+                    integration_id=integration_id, annotation_id=annotation_id, updated_at=updated_at, created_at=now
+                )
+            )
+            session.flush()
+    except IntegrityError:
+        return True
+    return False
+
+
+def active_batches(session: Session, pool_id: str) -> int:
+    stmt = (
+        select(func.count()).select_from(Batch).where(Batch.pool_id == pool_id, Batch.status.in_(("queued", "running")))
+    )
+    return int(session.execute(stmt).scalar_one())
+
+
+def latest_linked_batch(session: Session, integration_id: str) -> Batch | None:
+    """The newest succeeded batch of the pool that was pushed to this integration's project."""
+    stmt = (
+        select(Batch)
+        .join(TaskLink, TaskLink.batch_id == Batch.id)
+        .where(TaskLink.integration_id == integration_id, Batch.status == "succeeded")
+        .order_by(Batch.created_at.desc())
+        .limit(1)
+    )
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def open_items_of_batch(session: Session, batch: Batch, now: datetime) -> int:
+    """Items of the batch that are still reserved for it (not labeled, reservation not expired)."""
+    stmt = (
+        select(func.count())
+        .select_from(Item)
+        .where(
+            Item.pool_id == batch.pool_id,
+            Item.batch_id == batch.id,
+            Item.status == "reserved",
+            Item.reserved_until > now,
+        )
+    )
+    return int(session.execute(stmt).scalar_one())
+
+
+def labels_since(session: Session, pool_id: str, since: datetime) -> int:
+    """Label writes (not deletions) of the pool after ``since``."""
+    stmt = select(func.count(func.distinct(Label.item_id))).where(
+        Label.pool_id == pool_id, Label.deleted == 0, Label.created_at > since
+    )
+    return int(session.execute(stmt).scalar_one())
 
 
 def add(session: Session, row: Any) -> None:
@@ -89,24 +203,22 @@ def link_for_task(session: Session, integration_id: str, task_id: int) -> tuple[
 
 
 def count_links(session: Session, integration_id: str) -> int:
-    from sqlalchemy import func
-
     stmt = select(func.count()).select_from(TaskLink).where(TaskLink.integration_id == integration_id)
     return int(session.execute(stmt).scalar_one())
 
 
 def items_of_batch(
     session: Session, pool_id: str, external_ids: Sequence[str]
-) -> list[tuple[int, str, str | None, str | None]]:
-    """``(internal id, external id, text, uri)`` of the given external ids, in their order."""
+) -> list[tuple[int, str, str | None, str | None, dict[str, Any] | None]]:
+    """``(internal id, external id, text, uri, data)`` of the given external ids, in their order."""
     if not external_ids:
         return []
     rows = session.execute(
-        select(Item.id, Item.external_id, Item.text, Item.uri).where(
+        select(Item.id, Item.external_id, Item.text, Item.uri, Item.data).where(
             Item.pool_id == pool_id, Item.external_id.in_(list(external_ids))
         )
     ).all()
-    by_ext = {str(r[1]): (int(r[0]), str(r[1]), r[2], r[3]) for r in rows}
+    by_ext = {str(r[1]): (int(r[0]), str(r[1]), r[2], r[3], r[4]) for r in rows}
     return [by_ext[e] for e in external_ids if e in by_ext]
 
 
@@ -129,8 +241,6 @@ def last_annotators(session: Session, item_ids: Sequence[int]) -> dict[int, str 
     """item id -> the annotator of its latest label history row."""
     if not item_ids:
         return {}
-    from sqlalchemy import func
-
     latest = (
         select(Label.item_id, func.max(Label.id).label("mid"))
         .where(Label.item_id.in_(list(item_ids)))

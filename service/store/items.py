@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, case, func, literal, null, or_, select, text
+from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, case, func, literal, null, or_, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
@@ -184,6 +184,22 @@ class ItemRow:
     reserved_until: datetime | None
     labeled_at: datetime | None
     embedding: bytes | None
+    data: dict[str, Any] | None = None
+
+
+def set_data(session: Session, pool_id: str, values: Sequence[tuple[str, dict[str, Any]]], now: datetime) -> None:
+    """Replace the ``data`` of existing items ``(external id, data)`` (items not given keep theirs)."""
+    if not values:
+        return
+    table = ITEMS
+    stmt = (
+        update(table)
+        .where(table.c.pool_id == pool_id, table.c.external_id == bindparam("ext"))
+        .values(data=bindparam("new_data"), updated_at=now)
+    )
+    conn = session.connection()
+    for chunk in _chunks(values, 1000):
+        conn.execute(stmt, [{"ext": e, "new_data": d} for e, d in chunk])
 
 
 def _item_columns(now: datetime, include_embedding: bool) -> list[Any]:
@@ -197,11 +213,12 @@ def _item_columns(now: datetime, include_embedding: bool) -> list[Any]:
         Item.labeled_at,
     ]
     cols.append(Item.embedding if include_embedding else literal(None))
+    cols.append(Item.data)
     return cols
 
 
 def _to_item_row(row: Row[Any]) -> ItemRow:
-    iid, ext, status, label, batch_id, until, labeled_at, emb = tuple(row)
+    iid, ext, status, label, batch_id, until, labeled_at, emb, data = tuple(row)
     return ItemRow(
         internal_id=int(iid),
         external_id=ext,
@@ -211,6 +228,7 @@ def _to_item_row(row: Row[Any]) -> ItemRow:
         reserved_until=until if status == "reserved" else None,
         labeled_at=labeled_at,
         embedding=emb,
+        data=data,
     )
 
 

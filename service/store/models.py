@@ -135,6 +135,8 @@ class Item(Base):
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", ondelete="SET NULL"))
     reserved_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     text: Mapped[str | None] = mapped_column(Text)  # inline text for text encoders
+    # Content shown to annotators (a JSON object: text, image URL, any fields the labeling tool shows).
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Embedding lifecycle for items given by reference (uri/text): ready | pending | error.
     embedding_status: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
     embedding_error: Mapped[str | None] = mapped_column(Text)
@@ -262,8 +264,40 @@ class Integration(Base):
     status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error
     last_error: Mapped[str | None] = mapped_column(Text)
     last_synced_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Sync state: adoption counts, unmatched annotations, a pending train request, the Data Manager view id.
+    state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+
+class LabelStudioEvent(Base):
+    """An annotation event already handled: (annotation id, its updated time) once per integration, so the
+    same event delivered twice (two webhooks, a retry) is applied once."""
+
+    __tablename__ = "labelstudio_events"
+    __table_args__ = (UniqueConstraint("integration_id", "annotation_id", "updated_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    integration_id: Mapped[str] = mapped_column(ForeignKey("integrations.id", ondelete="CASCADE"))
+    annotation_id: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ReconcileRun(Base):
+    """One reconcile of an integration (a readable job): status and written/removed/unmatched counts."""
+
+    __tablename__ = "reconcile_runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    integration_id: Mapped[str] = mapped_column(ForeignKey("integrations.id", ondelete="CASCADE"), index=True)
+    trigger: Mapped[str] = mapped_column(String(32))  # api | connect | webhook | batch
+    status: Mapped[str] = mapped_column(String(16), default="queued")  # queued | running | succeeded | failed
+    counts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class TaskLink(Base):

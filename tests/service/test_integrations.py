@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db import session_scope
-from service.store.models import Batch, Integration, Item, Label, TaskLink
+from service.store.models import Integration, Item, Label, TaskLink
 from tests.fake_labelstudio import FakeLabelStudio, fake_labelstudio
 from tests.service.test_checkpoints import _while_jobs_run
 from tests.worker.factories import make_pool
@@ -199,14 +200,19 @@ def test_batch_imported_as_tasks_once_with_predictions(
     give_text(db, pool.pool_id)
     created = connect(client, auth, pool.pool_id, ls).json()
     batch = run_batch(client, auth, pool.pool_id, run_jobs, size=5)
-    assert batch["status"] == "succeeded" and batch["error"] is None
+    assert batch["status"] == "succeeded" and batch["error"] is None and batch["delivery"] == "delivered"
     info = batch["diagnostics"]["labelstudio"][created["id"]]
-    assert info == {"status": "ok", "imported": 5, "already_in_project": 0}
+    assert info == {"status": "ok", "imported": 5, "already_in_project": 0, "view_id": info["view_id"]}
     tasks = list(ls.tasks.values())
     assert sorted(t["data"]["item_id"] for t in tasks) == sorted(batch["item_ids"])
     assert all(t["data"]["text"] == "some text of " + t["data"]["item_id"] for t in tasks)
+    assert all(t["data"]["bait_batch"] == batch["id"] for t in tasks)
+    # the "next batch" view lists the batch's tasks in pick order
+    assert ls.views[info["view_id"]]["data"]["title"] == "bait: next batch"
+    assert [t["data"]["item_id"] for t in ls.view_tasks(info["view_id"])] == batch["item_ids"]
     pred = tasks[0]["predictions"][0]
     assert pred["model_version"] == batch["checkpoint_id"] and 0 < pred["score"] <= 1
+    assert ls.projects[7]["model_version"] == batch["checkpoint_id"]  # the score column's version
     assert pred["result"][0]["from_name"] == "label" and pred["result"][0]["value"]["choices"][0] in {
         "ant",
         "bee",
@@ -243,6 +249,7 @@ def test_webhooks_write_update_and_remove_labels(
     assert who == "labelstudio:1"
 
     annotation["result"][0]["value"]["choices"] = ["cat"]
+    annotation["updated_at"] = datetime.now(UTC).isoformat()  # Label Studio stamps every update
     client.post(hook, json={"action": "ANNOTATION_UPDATED", "annotation": annotation, "task": task})
     run_jobs(until=lambda: item_label(db, pool.pool_id, ext) == ("labeled", "cat"))
 
@@ -274,24 +281,6 @@ def test_reconcile_recovers_a_lost_webhook(
     run_jobs()
     with session_scope(db) as s:
         assert s.execute(select(func.count()).select_from(Label)).scalar_one() == before
-
-
-def test_start_training_webhook_requests_a_batch(
-    client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any, ls: FakeLabelStudio
-) -> None:
-    pool = make_pool(db, n=60, n_labeled=9)
-    give_text(db, pool.pool_id)
-    created = connect(client, auth, pool.pool_id, ls, batch_size=4, strategy="random").json()
-    r = client.post(
-        f"/labelstudio/{created['id']}/{created['secret']}/webhook",
-        json={"action": "START_TRAINING", "project": {"id": 7}},
-    )
-    assert r.status_code == 200 and r.json()["status"] == "queued"
-    batch_id = r.json()["batch_id"]
-    run_jobs(until=lambda: len(ls.tasks) == 4)
-    with session_scope(db) as s:
-        batch = s.get(Batch, batch_id)
-        assert batch is not None and batch.status == "succeeded" and batch.size == 4 and batch.strategy == "random"
 
 
 def test_predict_answers_one_result_per_task_in_order(

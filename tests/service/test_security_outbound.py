@@ -485,6 +485,19 @@ def test_access_log_hides_the_ml_backend_secret_and_query_strings(caplog: pytest
     assert "s3cr3t-value" not in caplog.text and "/labelstudio/int123/***/predict" in caplog.text
 
 
+def test_access_log_hides_content_link_tokens(caplog: pytest.LogCaptureFixture) -> None:
+    """A /labelstudio/content/<token> link opens an item's file for 30 days: its token never reaches a log."""
+    token = "eyJwIjoicG9vbCJ9.c2lnbmF0dXJlLXZhbHVl"
+    assert redact_path(f"/labelstudio/content/{token}") == "/labelstudio/content/***"
+    assert redact_path(f"/labelstudio/content/{token}?x=1") == "/labelstudio/content/***?***"
+    assert token not in redact_url(f"https://bait.example.org/labelstudio/content/{token}")
+    install_access_log_redaction()
+    access = logging.getLogger("uvicorn.access")
+    with caplog.at_level(logging.INFO, logger="uvicorn.access"):
+        access.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET", f"/labelstudio/content/{token}", "1.1", 200)
+    assert token not in caplog.text and "/labelstudio/content/***" in caplog.text
+
+
 def test_metrics_token_guards_every_figure(settings: Settings, auth: dict[str, str]) -> None:
     with TestClient(create_app(settings.model_copy(update={"metrics_token": "scrape-token-123"}))) as c:
         assert c.get("/metrics").status_code == 401

@@ -53,7 +53,7 @@ def links(db: sessionmaker[Session]) -> int:
         ("down", "unreachable"),
         ("server_error", "answered HTTP 500 Internal Server Error"),
         ("mapping", "map to no class"),
-        ("shows_other_field", "answered HTTP 400 Bad Request"),  # its explanation is logged, not shown
+        ("shows_other_field", "has no 'body' for the labeling config to show"),
     ],
 )
 def test_import_failure_shows_on_batch_and_integration(
