@@ -69,8 +69,11 @@ def test_invalid_item_data_is_400_and_writes_nothing(
              {"id": "bad", "embedding": emb[1].tolist(), "data": data}]  # fmt: skip
     r = upsert(client, auth, pool["id"], items)
     assert r.status_code in (400, 422), r.text
-    if r.status_code == 400:
-        assert says in r.json()["error"]["message"] and "'bad'" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    if err["code"] == "invalid_string":  # NUL bytes are refused by the request model for every string
+        assert says in err["message"] and err["message"].startswith("items.1")
+    elif r.status_code == 400:
+        assert says in err["message"] and "'bad'" in err["message"]
     assert item_rows(db, pool["id"]) == {}
 
 

@@ -17,6 +17,8 @@ BODILESS = {
     ("post", "/v1/pools/{pool}/batches/{batch_id}/cancel"),
     ("post", "/v1/pools/{pool}/integrations/{integration_id}/reconcile"),
     ("post", "/v1/pools/{pool}/embed"),
+    ("post", "/v1/pools/{pool}/batches/{batch_id}/delivery"),  # retry the push to Label Studio
+    ("post", "/v1/pools/{pool}/integrations/{integration_id}/rotate-secret"),
     ("post", "/labelstudio/{integration_id}/{secret}/setup"),  # Label Studio sends a body; it is not read
     ("post", "/labelstudio/{integration_id}/setup"),
 }

@@ -215,3 +215,27 @@ def test_dashboard_allows_a_key_only_what_its_scopes_allow(
     )  # fmt: skip
     assert r.status_code == 303 and "msg=" in r.headers["location"]
     assert item_rows(db, pool["id"])["i9"].label == "cat"
+
+
+def test_pool_page_shows_the_integration_status_sync_and_unmatched_annotations(
+    client: TestClient, api_key: str, auth: dict[str, str], db: sessionmaker[Session]
+) -> None:
+    """The integrations card of an admin key: Label Studio's status, last sync and the annotations that
+    matched no item (counted by the reconcile and webhook paths, shown so none is dropped silently)."""
+    from service.db import session_scope
+    from service.store.models import Integration
+
+    pool = _pool_with_items(client, auth)
+    with session_scope(db) as s:
+        s.add(
+            Integration(
+                pool_id=pool["id"], kind="labelstudio", url="http://127.0.0.1:8080", token_encrypted=b"x",
+                project_id=7, config={}, secret_hash="h" * 64, status="error", last_error="answered HTTP 401",
+                last_synced_at=datetime(2026, 11, 24, 10, 30, tzinfo=UTC), state={"unmatched_annotations": 3},
+            )
+        )  # fmt: skip
+    _sign_in(client, api_key)
+    page = client.get(f"/ui/pools/{pool['id']}").text
+    card = page.split("<h2>Integrations</h2>", 1)[1].split("</section>", 1)[0]
+    assert "http://127.0.0.1:8080 #7" in card and "answered HTTP 401" in card and "2026-11-24 10:30" in card
+    assert re.search(r'<td class="num">3</td></tr>', card), card  # the unmatched annotations
