@@ -11,11 +11,14 @@ worker processes commit on their own connections: a rolled-back outer transactio
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -50,6 +53,36 @@ def pytest_report_header(config: pytest.Config) -> str:
     db = "postgresql (BAIT_TEST_DATABASE_URL)" if PG_ADMIN_URL else "sqlite file"
     queue = "redis + rq (BAIT_TEST_REDIS_URL)" if REDIS_URL else "in-process runner"
     return f"bait-service backends: database={db}, queue={queue}"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        addr = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """No test sends a packet outside 127.0.0.0/8 or ::1, even when the code under test is broken: every
+    Python-level connect to another address is refused and recorded (the list, for tests that assert on it)."""
+    attempts: list[Any] = []
+
+    def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+        def connect(sock: socket.socket, address: Any) -> Any:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(str(address[0])):
+                attempts.append(address)
+                raise OSError(f"test stub: connect to {address!r} blocked (tests stay on loopback)")
+            return method(sock, address)
+
+        return connect
+
+    monkeypatch.setattr(socket.socket, "connect", guarded(socket.socket.connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded(socket.socket.connect_ex))
+    return attempts
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -56,24 +56,9 @@ def _is_loopback(host: str) -> bool:
 
 
 @pytest.fixture
-def egress(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every attempted connect to a non-loopback address is refused here and recorded (the list)."""
-    attempts: list[Any] = []
-    real_connect = socket.socket.connect
-    real_connect_ex = socket.socket.connect_ex
-
-    def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
-        def connect(sock: socket.socket, address: Any) -> Any:
-            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(str(address[0])):
-                attempts.append(address)
-                raise OSError(f"test stub: connect to {address!r} blocked")
-            return method(sock, address)
-
-        return connect
-
-    monkeypatch.setattr(socket.socket, "connect", guarded(real_connect))
-    monkeypatch.setattr(socket.socket, "connect_ex", guarded(real_connect_ex))
-    return attempts
+def egress(loopback_only: list[Any]) -> list[Any]:
+    """Every attempted connect to a non-loopback address, refused by the suite-wide stub (tests/conftest.py)."""
+    return loopback_only
 
 
 @pytest.fixture

@@ -108,7 +108,11 @@ def test_signature_verifies_and_rejects_tampering_and_stale_timestamps() -> None
 
 
 def test_register_returns_secret_once_and_validates(
-    client: TestClient, auth: dict[str, str], other_auth: dict[str, str], db: sessionmaker[Session]
+    client: TestClient,
+    auth: dict[str, str],
+    other_auth: dict[str, str],
+    db: sessionmaker[Session],
+    loopback_only: list[Any],
 ) -> None:
     pool = make_pool(db, n=10, n_labeled=2)
     # a public address literal: checked without any DNS query, never contacted here
@@ -125,6 +129,7 @@ def test_register_returns_secret_once_and_validates(
     assert bad.status_code == 422
     assert client.delete(f"/v1/pools/{pool.pool_id}/webhooks/{hook['id']}", headers=auth).status_code == 204
     assert client.get(f"/v1/pools/{pool.pool_id}/webhooks", headers=auth).json() == {"webhooks": []}
+    assert loopback_only == []  # registering never contacted the receiver (any attempt would be blocked here)
 
 
 def test_batch_succeeded_delivery_is_signed_and_logged(
