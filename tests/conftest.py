@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,23 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.setattr(socket.socket, "connect", guarded(socket.socket.connect))
     monkeypatch.setattr(socket.socket, "connect_ex", guarded(socket.socket.connect_ex))
     return attempts
+
+
+@contextmanager
+def scratch_postgres_database(prefix: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database next to BAIT_TEST_DATABASE_URL (dropped afterwards): its URL."""
+    assert PG_ADMIN_URL
+    admin = make_url(PG_ADMIN_URL)
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin_engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin_engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin_engine.dispose()
 
 
 @pytest.fixture(scope="session")

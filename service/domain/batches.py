@@ -81,22 +81,7 @@ def create_batch(
         if existing is not None:
             return _same_request(existing, req), False
     now = utcnow()
-    size, strategy, params = validate_request(session, pool, req, now)
-    if params.get("seed") is None:  # drawn once and stored, so the batch can be reproduced
-        params["seed"] = draw_seed()
-    batch = Batch(
-        pool_id=pool.id,
-        size=size,
-        strategy=strategy,
-        params=params,
-        status="queued",
-        progress_stage="queued",
-        progress_done=0,
-        progress_total=0,
-        idempotency_key=idempotency_key,
-        attempts=0,
-        created_at=now,
-    )
+    batch = _queued_batch(session, pool, req, now, idempotency_key)
     try:
         with session.begin_nested():  # a concurrent request with the same key loses cleanly
             session.add(batch)
@@ -112,15 +97,15 @@ def create_batch(
     return batch, True
 
 
-def draw_seed() -> int:
-    """A seed for a request that gives none (a non-negative 31-bit integer, as every strategy accepts)."""
-    return secrets.randbelow(2**31)
-
-
-def new_batch_row(session: Session, pool: Pool, req: BatchRequest, now: datetime) -> Batch:
-    """A validated ``queued`` batch row that the caller runs itself (the Label Studio auto-batch job)."""
+def _queued_batch(
+    session: Session, pool: Pool, req: BatchRequest, now: datetime, idempotency_key: str | None = None
+) -> Batch:
+    """The ``queued`` row of a validated request, with its seed (the request's, or one drawn now and stored,
+    so every batch, API or auto-batch, can be reproduced)."""
     size, strategy, params = validate_request(session, pool, req, now)
-    batch = Batch(
+    if params.get("seed") is None:
+        params["seed"] = draw_seed()
+    return Batch(
         pool_id=pool.id,
         size=size,
         strategy=strategy,
@@ -129,9 +114,20 @@ def new_batch_row(session: Session, pool: Pool, req: BatchRequest, now: datetime
         progress_stage="queued",
         progress_done=0,
         progress_total=0,
+        idempotency_key=idempotency_key,
         attempts=0,
         created_at=now,
     )
+
+
+def draw_seed() -> int:
+    """A seed for a request that gives none (a non-negative 31-bit integer, as every strategy accepts)."""
+    return secrets.randbelow(2**31)
+
+
+def new_batch_row(session: Session, pool: Pool, req: BatchRequest, now: datetime) -> Batch:
+    """A validated ``queued`` batch row that the caller runs itself (the Label Studio auto-batch job)."""
+    batch = _queued_batch(session, pool, req, now)
     session.add(batch)
     session.flush()
     return batch

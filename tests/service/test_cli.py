@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, inspect
 
 from service.cli import main
 from service.config import Settings, get_settings
 from service.main import create_app
 from service.migrate import SchemaOutdated, current_revision, head_revision, upgrade
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import PG_ADMIN_URL, scratch_postgres_database
 from tests.service.conftest import assert_error
 
 
@@ -131,18 +129,8 @@ def blank_database(backend: str, tmp_path: Path) -> Iterator[str]:
     if backend == "sqlite":
         yield _blank_sqlite(tmp_path)
         return
-    assert PG_ADMIN_URL
-    admin = make_url(PG_ADMIN_URL)
-    name = f"bait_test_cli_{uuid.uuid4().hex[:8]}"
-    admin_engine = create_engine(admin, isolation_level="AUTOCOMMIT")
-    with admin_engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin_engine.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin_engine.dispose()
+    with scratch_postgres_database("bait_test_cli") as url:
+        yield url
 
 
 def run_cli(

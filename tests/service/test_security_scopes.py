@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,6 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.cli import main as cli_main
@@ -29,6 +27,7 @@ from service.domain.keys import create_key, list_keys
 from service.migrate import upgrade
 from service.scopes import ADMIN, ALL_SCOPES, LABEL, READ, ROUTE_SCOPES, SELECT, endpoint_name, parse_scopes
 from service.store.models import Batch, WebhookEndpoint
+from tests.conftest import scratch_postgres_database
 from tests.service.conftest import make_pool, put_items
 
 PG_ADMIN_URL = os.environ.get("BAIT_TEST_DATABASE_URL")
@@ -261,17 +260,8 @@ def scratch_url(tmp_path: Any) -> Iterator[str]:
     if not PG_ADMIN_URL:
         yield f"sqlite:///{tmp_path / 'old.db'}"
         return
-    admin = make_url(PG_ADMIN_URL)
-    name = f"bait_scopes_{uuid.uuid4().hex[:8]}"
-    eng = create_engine(admin, isolation_level="AUTOCOMMIT")
-    with eng.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with eng.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        eng.dispose()
+    with scratch_postgres_database("bait_scopes") as url:
+        yield url
 
 
 def test_keys_made_before_scopes_keep_every_scope(scratch_url: str) -> None:
