@@ -96,6 +96,10 @@ _GB = 1e9
 # Per-chunk state of the greedy step is kept near this size: bigger chunks mean fewer small ops
 # (about 150 per chunk); 16 MiB (8192 rows at d = 128, k = 10) beat 4 MiB by ~10% per step.
 _STEP_CHUNK_BYTES = 16 * 2**20
+# On a GPU every op is a kernel launch costing about the same whatever its size, and at 16 MiB a
+# step of n = 10^5, d = 768 was ~30 chunks of ~150 launches each: there the chunk is bounded by this
+# (bench/device_agreement.py --cuda-chunk-mb compares sizes in one run).
+_STEP_CHUNK_BYTES_CUDA = 1024 * 2**20
 # Number of partial sums the pool Fisher F is accumulated in (chunk i goes to partial i mod this),
 # independent of the thread count so that F, and everything after it, is bitwise the same for any
 # number of threads.
@@ -450,6 +454,8 @@ class _Bait:
         rc = self.r if classes is None else classes
         cand_bytes = max(1, (self.d + 4 * self.r * rc) * torch.finfo(self.sdt).bits // 8)
         self.step_chunk = max(64, min(problem.chunk_size, _STEP_CHUNK_BYTES // cand_bytes))
+        if x.device.type == "cuda":
+            self.step_chunk = max(self.step_chunk, _STEP_CHUNK_BYTES_CUDA // cand_bytes)
         if self.r == 1:
             # A rank-one step is a GEMV and a few vector ops: big chunks keep the op count small.
             self.step_chunk = max(problem.chunk_size, 2**18)

@@ -113,3 +113,20 @@ def test_dashboard_speed_smoke_times_every_page() -> None:
         assert 0 < float(median_ms) <= float(worst_ms) and int(size.replace(",", "")) > 0, (name, rows[name])
     assert int(rows["map.json (5,000 points)"][2].replace(",", "")) > 5_000 * 10  # every point was served
     assert "pool page:" in out
+
+
+def test_device_agreement_smoke_compares_with_the_cpu_baseline() -> None:
+    """The GPU bench's smoke row: CPU float64 is the baseline; without a GPU the CUDA variants are
+    reported as skipped, with a GPU they must pick what the CPU picked (float64)."""
+    out = _run(["bench/device_agreement.py", "--smoke"], timeout=300)
+    lines = [ln for ln in out.splitlines() if ln.startswith("smoke-device")]
+    cells = [[c.strip() for c in ln.split("|")] for ln in lines]
+    assert cells[0][1] == "cpu float64" and cells[0][4] == "baseline"
+    assert math.isfinite(float(cells[0][3])) and float(cells[0][3]) > 0
+    gpu = [c for c in cells if c[1].startswith("cuda")]
+    assert len(gpu) == 2
+    for c in gpu:
+        if "skipped" in c[2]:
+            assert "no CUDA device" in c[2]
+        elif c[1].startswith("cuda float64"):
+            assert c[4] == "yes", c
