@@ -150,7 +150,10 @@ class Settings(BaseSettings):
     encoder_memory_bytes: int = Field(
         default=8 * 2**30,
         ge=256 * 2**20,
-        description="address-space limit (RLIMIT_AS) of the child process that runs an uploaded encoder on CPU",
+        description=(
+            "address-space limit (RLIMIT_AS, on top of torch itself) of the child process that runs an "
+            "uploaded encoder on CPU"
+        ),
     )
     encoder_check_timeout_seconds: float = Field(
         default=120.0, gt=0, description="time limit of the operator check of an uploaded TorchScript encoder"

@@ -3,7 +3,8 @@
 The parent (a worker, or the in-process runner of embedded mode) holds the database and the secret
 key; the child holds neither: it starts with the environment of :func:`service.sandbox.child_env`
 (no ``BAIT_*`` variables), in a temporary folder that holds only the module file, with its address
-space capped (``RLIMIT_AS``, CPU devices) before torch is imported. The parent bounds every forward
+space capped (``RLIMIT_AS``, CPU devices: the limit on top of the interpreter with torch imported)
+before the module is loaded. The parent bounds every forward
 pass by a wall-clock limit and kills the child's process group when it is exceeded.
 
 Protocol (little-endian): the parent writes frames ``u64 length`` + ``.npy`` bytes (the ``N x ...``

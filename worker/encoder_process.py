@@ -45,8 +45,8 @@ class EncoderProcess:
 
     Args:
         timeout: wall-clock seconds one forward pass may take.
-        memory_bytes: ``RLIMIT_AS`` of the child (not applied on CUDA devices: the driver reserves
-            address space far beyond what it uses).
+        memory_bytes: ``RLIMIT_AS`` of the child beyond what it maps with torch imported (not applied
+            on CUDA devices: the driver reserves address space far beyond what it uses).
     """
 
     def __init__(self, data: bytes, device: str, *, timeout: float, memory_bytes: int | None) -> None:

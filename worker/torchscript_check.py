@@ -192,10 +192,28 @@ def check_bytes(data: bytes) -> dict[str, Any]:
     return {"ok": False, "operator": refusal.operator, "where": refusal.where, "message": refusal.message}
 
 
+def address_space_bytes() -> int:
+    """This process's virtual address space now (``/proc/self/statm``), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def limit_self(memory_bytes: int | None, cpu_seconds: int | None) -> None:
-    """Cap this process's address space and CPU time (before any untrusted code is loaded)."""
+    """Cap this process's address space and CPU time (before any untrusted code is loaded).
+
+    The address-space cap is ``memory_bytes`` on top of what the process maps already: callers import
+    torch (trusted) first. A CUDA build of torch maps several GB of libraries and reservations on
+    import (seen on an H100 worker: a flat 2-3 GB cap failed with "libtorch_cpu.so: failed to map
+    segment"), so a flat cap would refuse every module there while bounding nothing the module does.
+    """
+    import torch  # noqa: F401  (mapped before the cap: see above)
+
     if memory_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        cap = address_space_bytes() + memory_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     if cpu_seconds:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
