@@ -7,7 +7,7 @@ PG_URL    ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0
 PYTEST    := OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider
 
-.PHONY: install run demo test lint test-embedded test-pg test-labelstudio bench-smoke clean
+.PHONY: install run demo test lint test-embedded test-pg test-labelstudio bench-smoke datasets clean
 
 $(BIN)/bait: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,9 @@ test-labelstudio: install  ## end to end against a real Label Studio 1.23.2 (its
 	$(PYTEST) -m labelstudio -s tests/labelstudio
 
 test: lint test-embedded test-pg  ## everything CI runs
+
+datasets: install  ## the offline benchmark suite into $${BAIT_DATASETS_DIR:-~/.cache/bait-datasets} (apt-get download; a few minutes)
+	$(BIN)/python -m bench.suite fetch
 
 bench-smoke: install
 	$(BIN)/python bench/selection_speed.py --smoke
