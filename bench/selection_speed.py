@@ -6,6 +6,13 @@ Prints the machine, torch threads and device, then one table row per benchmark r
     python bench/selection_speed.py --smoke         # tiny sizes, seconds
     python bench/selection_speed.py --rows n10k,n100k --naive-limit 3
     python bench/selection_speed.py --device cuda --rows n100k
+    python bench/selection_speed.py --rows n100k,n100k-select --baseline-ref main --repeat 2
+
+With ``--baseline-ref REF`` every row also runs with ``selection/`` as it is at the git ref ``REF``
+(extracted with ``git archive`` into a temporary folder that goes first on ``PYTHONPATH``), in the
+same run and alternating with the working tree (baseline first), so both see the same machine; the
+baseline rows are named ``row @REF``. ``--repeat N`` runs every (row, code) pair ``N`` times.
+The ``load`` column is the 1-minute load average when the row finished.
 
 Every row runs in a fresh subprocess, so its peak memory (``VmHWM`` of /proc/self/status: the whole
 process, Python, torch and the generated data included) is its own. Rows flagged ``naive`` also run
@@ -23,13 +30,17 @@ row is run through :func:`selection.select`).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -57,6 +68,8 @@ class Row:
             to run in full on a shared CPU); stated in the output.
         smoke: part of ``--smoke``.
         default: part of the default set.
+        plain_call: call :func:`selection.select` as a user would: numpy float32 arrays, no
+            ``dtype`` (the input's dtype is kept), default parameters.
     """
 
     name: str
@@ -73,6 +86,7 @@ class Row:
     run_batch: int | None = None
     smoke: bool = False
     default: bool = True
+    plain_call: bool = False
 
 
 #: The strategies compared with BAIT at n = 100,000 (rows ``n100k-<strategy>``).
@@ -91,6 +105,8 @@ BASELINES = (
 ROWS: list[Row] = [
     Row("n10k", "bait", 10_000, 128, 10, 100, dtype="float64", naive=True),
     Row("n100k", "bait", 100_000, 128, 10, 100),
+    # The same problem through a plain select() call with 200 labeled rows (numpy float32 input).
+    Row("n100k-select", "bait", 100_000, 128, 10, 100, n_labeled=200, plain_call=True),
     Row("n100k-d768", "bait", 100_000, 768, 10, 100),
     Row("k100-gap", "bait", 2_000, 64, 100, 20, params={"approx": "pca", "approx_dim": 8}, exact_gap=True),
     Row("k100-gap-d16", "bait", 2_000, 64, 100, 20, params={"approx": "pca", "approx_dim": 16}, exact_gap=True),
@@ -102,6 +118,7 @@ ROWS: list[Row] = [
     # --smoke
     Row("smoke-naive", "bait", 800, 12, 5, 10, dtype="float64", naive=True, n_labeled=20, smoke=True, default=False),
     Row("smoke-f32", "bait", 3_000, 16, 10, 10, n_labeled=20, smoke=True, default=False),
+    Row("smoke-select", "bait", 3_000, 16, 10, 10, n_labeled=40, plain_call=True, smoke=True, default=False),
     Row("smoke-badge", "badge", 3_000, 16, 10, 10, n_labeled=20, smoke=True, default=False),
     Row("smoke-regression", "bait", 20_000, 16, 0, 10, smoke=True, default=False),
     Row(
@@ -285,7 +302,12 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    res = selection.select(row.strategy, batch_size=batch, dtype=row.dtype, **kwargs, **row.params)
+    if row.plain_call:
+        kwargs["embeddings"] = x.cpu().numpy()
+        kwargs["probs"] = None if probs is None else probs.cpu().numpy()
+        res = selection.select(row.strategy, batch_size=batch, **kwargs, **row.params)
+    else:
+        res = selection.select(row.strategy, batch_size=batch, dtype=row.dtype, **kwargs, **row.params)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     total = time.perf_counter() - t0
@@ -305,6 +327,8 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         "objective": res.objective,
         "notes": [],
     }
+    if row.plain_call:
+        out["notes"].append(f"plain select() call, numpy input, {row.n_labeled} labeled")
     if "forward" not in timings:
         out["notes"].append("no greedy passes: setup = input checks, s/step = strategy time / B")
     if row.params:
@@ -363,6 +387,7 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         out["naive_step_s"] = step
         out["speedup"] = naive_total / out["total_s"]
     out["notes"] = "; ".join(out["notes"])
+    out["load"] = os.getloadavg()[0]
     return out
 
 
@@ -407,6 +432,7 @@ COLUMNS = [
     ("step_s", "s/greedy step", "{:.4f}"),
     ("total_s", "total s", "{:.1f}"),
     ("peak_gb", "peak GB", "{:.2f}"),
+    ("load", "load", "{:.1f}"),
     ("naive_s", "naive s", "{:.3g}"),
     ("speedup", "speed-up", "{:.3g}x"),
     ("picks_match", "picks = naive", "{}"),
@@ -450,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--full", action="store_true", help="run rows that normally run a smaller B and extrapolate at their full B"
     )
+    ap.add_argument(
+        "--baseline-ref",
+        default=None,
+        help="also run every row with selection/ from this git ref (same run, alternating; rows 'name @REF')",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="run every (row, code) pair this many times")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -482,8 +514,43 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print("timings are wall-clock on a possibly shared machine: expect noise\n", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    codes: list[tuple[str, dict[str, str]]] = [("", env)]
+    base_dir = None
+    if args.baseline_ref:
+        base_dir = baseline_tree(args.baseline_ref)
+        path = os.pathsep.join(p for p in (base_dir, env.get("PYTHONPATH", "")) if p)
+        codes.insert(0, (f" @{args.baseline_ref}", {**env, "PYTHONPATH": path}))
+    try:
+        results = run_rows(rows, codes, args)
+    finally:
+        if base_dir is not None:
+            shutil.rmtree(base_dir, ignore_errors=True)
+    print()
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0 if all(r.get("notes") != "FAILED" for r in results) else 1
+
+
+def baseline_tree(ref: str) -> str:
+    """A temporary folder holding ``selection/`` as it is at the git ref ``ref``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(["git", "-C", root, "archive", ref, "selection"], capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"--baseline-ref {ref!r}: git archive failed: {proc.stderr.decode(errors='replace')}")
+    out = tempfile.mkdtemp(prefix="bait-baseline-")
+    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    return out
+
+
+def run_rows(
+    rows: list[Row], codes: list[tuple[str, dict[str, str]]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Every row with every code (baseline first), ``--repeat`` times, each in its own subprocess."""
     results: list[dict[str, Any]] = []
-    for row in rows:
+    for row, _rep, (suffix, env) in ((r, i, c) for r in rows for i in range(args.repeat) for c in codes):
         cmd = [
             sys.executable,
             os.path.abspath(__file__),
@@ -500,18 +567,16 @@ def main(argv: list[str] | None = None) -> int:
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        name = row.name + suffix
         if proc.returncode != 0 or not lines:
-            print(f"row {row.name} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
-            results.append({"name": row.name, "strategy": row.strategy, "notes": "FAILED"})
+            print(f"row {name} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
+            results.append({"name": name, "strategy": row.strategy, "notes": "FAILED"})
             continue
-        results.append(json.loads(lines[-1][len("RESULT ") :]))
-        print(f"done {row.name}: {results[-1]['total_s']:.1f} s", flush=True)
-    print()
-    print(format_table(results))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
-    return 0 if all(r.get("notes") != "FAILED" for r in results) else 1
+        res = json.loads(lines[-1][len("RESULT ") :])
+        res["name"] = name
+        results.append(res)
+        print(f"done {name}: {res['total_s']:.1f} s (load {res['load']:.1f})", flush=True)
+    return results
 
 
 if __name__ == "__main__":

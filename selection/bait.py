@@ -40,17 +40,19 @@ the exact one of its set whenever that fits the budgets (``diagnostics["objectiv
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from selection.errors import InputDataError, MemoryBudgetError, ParameterError
 from selection.fisher import exact_objective, fisher_pca_basis, kron_sum, reduced_rank, row_factors
@@ -60,6 +62,7 @@ from selection.linalg import (
     block_matvec,
     block_quadratic_forms,
     logdet_scores,
+    matmul,
     symmetrize_blocks,
     trace_solve_scores,
 )
@@ -89,17 +92,31 @@ APPROXIMATIONS = ("pca", "topc", "pca+topc")
 #: else the cheapest plan of selection/scale.py that does), ``"exact"``/``"none"`` (forced), or a forced
 #: approximation.
 APPROX_CHOICES = (None, "auto", "exact", "none", *APPROXIMATIONS)
-#: Default ``time_budget_s`` of the cost model (seconds, estimated; see selection/scale.py).
-DEFAULT_TIME_BUDGET_S = 600.0
+#: Default ``time_budget_s`` of the cost model (seconds, estimated; see selection/scale.py). The model's
+#: rates are a quiet machine's: on the 2 shared benchmark cores runs took 1.5-3x its estimates, so 60 s
+#: keeps the default plan of the issue's large shapes (k = 100, d = 512, n = 20,000; 10^6 x 768) within
+#: minutes, while exact BAIT stays the plan of every shape the README's speed rows use up to n = 10^5,
+#: d = 128 (600 s let k = 100 plans run for 10-20 minutes).
+DEFAULT_TIME_BUDGET_S = 60.0
+#: The auto plan prefers exact BAIT on a pre-filtered pool and/or top-c classes over a PCA projection
+#: while their estimate is at most this factor over ``time_budget_s`` (see :func:`_plan`).
+PCA_TIME_SLACK = 2.0
 _TIE_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 _GB = 1e9
-# Per-chunk state of the greedy step is kept near this size: bigger chunks mean fewer small ops
-# (about 150 per chunk); 16 MiB (8192 rows at d = 128, k = 10) beat 4 MiB by ~10% per step.
-_STEP_CHUNK_BYTES = 16 * 2**20
+# Per-chunk state of the greedy step (CPU) is kept near this size. With the update in numpy
+# (_update_rows_numpy) the chunk's temporaries must stay in cache: single-threaded, d = 128, k = 10,
+# float32, the step cost 1,930 ns per candidate with 9,279-row chunks (16 MiB), 1,150-1,200 with
+# 2,048-4,096 rows (the pool GEMM alone 883 against 412 ns).
+_STEP_CHUNK_BYTES = 4 * 2**20
+# The setup's Woodbury G (chunk rows x pairs x n_L temporary) keeps the earlier, larger size.
+_SETUP_SUB_BYTES = 16 * 2**20
 # On a GPU every op is a kernel launch costing about the same whatever its size, and at 16 MiB a
 # step of n = 10^5, d = 768 was ~30 chunks of ~150 launches each: there the chunk is bounded by this
 # (bench/device_agreement.py --cuda-chunk-mb compares sizes in one run).
 _STEP_CHUNK_BYTES_CUDA = 1024 * 2**20
+# Rows per block of the D x D work of a greedy step (block matvecs and rank updates of P and Q) on
+# the worker threads; fixed, so the bits do not depend on the number of threads.
+_DD_ROW_BLOCK = 128
 # Number of partial sums the pool Fisher F is accumulated in (chunk i goes to partial i mod this),
 # independent of the thread count so that F, and everything after it, is bitwise the same for any
 # number of threads.
@@ -129,27 +146,6 @@ def resolve_threads(device: torch.device) -> int:
     return max(torch.get_num_threads(), min(2, os.cpu_count() or 1))
 
 
-@contextmanager
-def _intra_op_threads(n: int) -> Iterator[None]:
-    """Torch intra-op threads set to ``n`` inside the block (restored after).
-
-    For the ``D x D`` work of the greedy passes (rank-``r`` updates of ``P`` and ``Q``, the backward
-    pass): GEMMs with a short inner dimension and block matvecs split over output rows/columns, so they
-    scale and give the same bits for any thread count (d = 768, k = 10: one forward rank update
-    121 -> 70 ms with 2 threads). The setup's factorisations and long-inner-dimension GEMMs are left on
-    the caller's threads: with 2 threads their results differed in the last bits.
-    """
-    saved = torch.get_num_threads()
-    if n == saved:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 def _legacy_step() -> bool:
     """``BAIT_STEP=legacy``: the previous per-candidate update (torch.bmm), for same-run benchmarks."""
     return os.environ.get("BAIT_STEP", "").strip() == "legacy"
@@ -167,17 +163,76 @@ def _small_bmm(a: Tensor, b: Tensor) -> Tensor:
     return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """A per-thread reusable buffer (``shape``, C-contiguous): big temporaries of the greedy step are
+    not reallocated (and page-faulted in) at every chunk of every step."""
+    store: dict[str, np.ndarray[Any, Any]] = getattr(_SCRATCH, "bufs", None) or {}
+    _SCRATCH.bufs = store
+    size = math.prod(shape)
+    buf = store.get(name)
+    if buf is None or buf.dtype != dtype or buf.size < size:
+        buf = np.empty(size, dtype=dtype)
+        store[name] = buf
+    return buf[:size].reshape(shape)
+
+
+def _update_rows_numpy(
+    x: Tensor, et: Tensor, g: Tensor, h: Tensor | None, blocks: Tensor, sigma: float, *, half_h: bool
+) -> None:
+    """CPU form of :meth:`_Bait._update_rows` (``r > 1``) in numpy, every product BLAS-able.
+
+    ``[W | Z] = E^T T`` (``T = X [U~ | R^]``, one OpenBLAS GEMM per chunk), then ``[W^T ; Z^T]`` as a
+    contiguous copy so that ``W W^T`` and ``W Z^T`` are products of unit-stride operands: numpy's
+    ``matmul`` calls BLAS only for those, and ran its own loop for the transposed views before
+    (min-of-25 timings, 4096 rows, r = 9, one thread: 452 -> 310 ns per row in float32, 554 -> 450 in
+    float64). Buffers are per-thread and reused.
+    """
+    m = int(x.shape[0])
+    rc, r = int(et.shape[1]), int(et.shape[2])
+    c = 1 if h is None else 2
+    xn = x.to(blocks.dtype).numpy()
+    bn = blocks.numpy()
+    dt = bn.dtype
+    t = _scratch("t", (m, bn.shape[1]), dt)
+    np.matmul(xn, bn, out=t)
+    wz = _scratch("wz", (m, rc, c * rc), dt)
+    np.matmul(et.numpy(), t.reshape(m, r, c * rc), out=wz)  # [W | Z]
+    w = wz[:, :, :rc]
+    wt = _scratch("wt", (m, c * rc, rc), dt)
+    wt[...] = wz.transpose(0, 2, 1)  # [W^T ; Z^T]
+    o = _scratch("o", (m, rc, rc), dt)
+    gn = g.numpy()
+    op = np.subtract if sigma > 0 else np.add
+    np.matmul(w, wt[:, :rc], out=o)  # W W^T
+    op(gn, o, out=gn)
+    if h is not None:
+        hn = h.numpy()
+        np.matmul(w, wt[:, rc:], out=o)  # W Z^T
+        op(hn, o, out=hn)
+        if not half_h:
+            op(hn, o.transpose(0, 2, 1), out=hn)
+
+
 class _Workers:
-    """Run independent chunk jobs on ``n`` threads, with torch intra-op threads at 1 meanwhile."""
+    """Run independent chunk jobs on ``n`` threads, with torch intra-op threads at 1 meanwhile.
+
+    numpy's BLAS (OpenBLAS: the pool GEMMs of :func:`selection.linalg.matmul`) is held at one thread
+    too, so ``n`` workers use ``n`` cores and each GEMM's result does not depend on the thread count.
+    """
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.saved = torch.get_num_threads()
         self.pool: ThreadPoolExecutor | None = None
+        self.blas: threadpool_limits | None = None
 
     def __enter__(self) -> _Workers:
         if self.n > 1:
             torch.set_num_threads(1)
+            self.blas = threadpool_limits(1, user_api="blas")
             self.pool = ThreadPoolExecutor(self.n, thread_name_prefix="bait")
         return self
 
@@ -186,6 +241,9 @@ class _Workers:
             self.pool.shutdown()
             self.pool = None
             torch.set_num_threads(self.saved)
+        if self.blas is not None:
+            self.blas.restore_original_limits()
+            self.blas = None
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         """``fn`` over ``items`` (in order of ``items`` for the results); serial with one thread."""
@@ -530,17 +588,17 @@ class _Bait:
             el = el * math.sqrt(self.w_design)  # n_L x r x r
             # lf[a*d + j, i*r + c] = x_i[j] E_i[a, c]
             lf = (el.permute(1, 0, 2)[:, None, :, :] * xl.T[None, :, :, None]).reshape(big_d, m_prime)
-            kmat = lf.T @ lf
+            kmat = matmul(lf.T, lf)
             kmat.diagonal().add_(lam)
             kchol = torch.linalg.cholesky(kmat)
             z = torch.cholesky_solve(lf.T, kchol).T  # D x m': L K^{-1}
-            p = -(z @ lf.T)
+            p = -matmul(z, lf.T)
             p.diagonal().add_(1.0)
             p /= lam
             if fmat is not None:
-                y = fmat @ lf  # D x m'
-                y -= 0.5 * (z @ (lf.T @ y))
-                q = fmat - z @ y.T - y @ z.T
+                y = matmul(fmat, lf)  # D x m'
+                y -= 0.5 * matmul(z, matmul(lf.T, y))
+                q = fmat - matmul(z, y.T) - matmul(y, z.T)
                 q /= lam**2
             logdet0 = (big_d - m_prime) * math.log(lam) + 2.0 * float(kchol.diagonal().log().sum())
             low_rank = _design_pairs(xl, el, kchol)
@@ -563,7 +621,7 @@ class _Bait:
             p = torch.cholesky_inverse(chol)
             del chol
             if fmat is not None:
-                q = p @ fmat @ p
+                q = matmul(matmul(p, fmat), p)
             method = "cholesky"
             # Cost model for G_x (multiply-adds per candidate): the dense block quadratic forms
             # cost D^2 (r+1) / (2r); the Woodbury form below n_L d + n_L^2 r (r+1) / 2 (cheaper iff
@@ -602,8 +660,8 @@ class _Bait:
             xl_s, tp_s = low_rank[0].to(sdt), low_rank[1].to(sdt)  # n_L x d, n_L x (pairs n_L)
             iu = low_rank[2]
             n_pairs = int(iu.shape[1])
-            # Rows per sub-chunk so the m x pairs x n_L temporary stays near _STEP_CHUNK_BYTES.
-            g_sub = max(16, _STEP_CHUNK_BYTES // max(1, n_pairs * n_design * torch.finfo(sdt).bits // 8))
+            # Rows per sub-chunk so the m x pairs x n_L temporary stays near _SETUP_SUB_BYTES.
+            g_sub = max(16, _SETUP_SUB_BYTES // max(1, n_pairs * n_design * torch.finfo(sdt).bits // 8))
 
         def gh_chunk(bounds: tuple[int, int]) -> None:
             lo, hi = bounds
@@ -616,11 +674,11 @@ class _Bait:
             elif low_rank is None:
                 g[lo:hi] = (ete @ ec) * norms[:, None, None]  # G_x = ||x||^2 / lam I
             else:
-                kx = xs @ xl_s.T  # m x n_L
+                kx = matmul(xs, xl_s.T)  # m x n_L
                 quad = torch.empty(hi - lo, n_pairs, dtype=sdt, device=dev)
                 for so in range(0, hi - lo, g_sub):
                     ks = kx[so : so + g_sub]
-                    u = (ks @ tp_s).view(-1, n_pairs, n_design)  # [i, p, j] = (k_x^T T_p)_j
+                    u = matmul(ks, tp_s).view(-1, n_pairs, n_design)  # [i, p, j] = (k_x^T T_p)_j
                     quad[so : so + g_sub] = (u * ks[:, None, :]).sum(-1)
                 quad /= -lam
                 gx = torch.empty(hi - lo, r, r, dtype=sdt, device=dev)
@@ -641,27 +699,57 @@ class _Bait:
         return state
 
     # ---- one pick or removal on the D x D matrices ----------------------------------------------
-    def _rank_update(self, st: _State, x_s: Tensor, e_s: Tensor, sigma: float) -> tuple[Tensor, float]:
-        """Add (``sigma=+1``) or remove (``-1``) one point; return the pool-GEMM blocks and the change.
+    def _row_blocks(self) -> list[tuple[int, int]]:
+        """Fixed row blocks of the ``D x D`` matrices for the worker threads (one block off CPU)."""
+        big_d = self.big_d
+        size = big_d if self.device.type != "cpu" else _DD_ROW_BLOCK
+        return [(lo, min(big_d, lo + size)) for lo in range(0, big_d, size)]
+
+    def _rank_update(
+        self, st: _State, x_s: Tensor, e_s: Tensor, sigma: float, workers: _Workers
+    ) -> tuple[Tensor, float, list[Callable[[], None]]]:
+        """Add (``sigma=+1``) or remove (``-1``) one point: the pool-GEMM blocks, the change, the ``P``/``Q`` jobs.
+
+        The ``D x D`` work (block matvecs of ``P`` and ``Q``, their rank updates) runs in fixed row
+        blocks on the worker threads (each block computed as it would be serially, so the bits do not
+        depend on the thread count). The rank updates of ``P`` and ``Q`` are returned as jobs, not run:
+        the forward pass runs them on the workers together with the candidate chunks of the same step
+        (the chunks read only the returned blocks), the backward pass right away; all must finish
+        before the next call.
 
         Args:
-            st: state; ``p`` and ``q`` are updated in place.
+            st: state; ``p`` and ``q`` are updated by the returned jobs.
             x_s: ``d`` embedding of the point.
             e_s: ``r x r`` scaled class factor of the point.
             sigma: ``+1`` or ``-1``.
+            workers: the worker threads.
 
         Returns:
-            ``(blocks, delta)``: ``d x (r * c * r)`` matrix ``[U~ | R^]`` laid out for
-            :meth:`_update_rows` (``c = 2``, or 1 in logdet mode), and the decrease (forward) /
-            increase (backward) of ``tr(M^{-1}F)``, or the increase of ``log det M``.
+            ``(blocks, delta, jobs)``: ``d x (r * c * r)`` matrix ``[U~ | R^]`` laid out for
+            :meth:`_update_rows` (``c = 2``, or 1 in logdet mode), the decrease (forward) /
+            increase (backward) of ``tr(M^{-1}F)``, or the increase of ``log det M``, and the row-block
+            jobs that apply the update to ``P`` and ``Q``.
         """
         mdt = self.mdt
-        r, d = self.r, self.d
+        r, d, big_d = self.r, self.d, self.big_d
         x_s = x_s.to(mdt)
         e_s = e_s.to(mdt)  # r x rc
         rc = int(e_s.shape[1])
         eye = torch.eye(rc, dtype=mdt, device=self.device)
-        u = block_matvec(st.p, x_s) @ e_s  # D x r: P V_s
+        rows = self._row_blocks()
+        q = st.q
+        pv = torch.empty(big_d, r, dtype=mdt, device=self.device)
+        qv = None if q is None else torch.empty(big_d, r, dtype=mdt, device=self.device)
+
+        def matvecs(lh: tuple[int, int]) -> None:
+            lo, hi = lh
+            pv[lo:hi] = block_matvec(st.p[lo:hi], x_s)
+            if q is not None and qv is not None:
+                qv[lo:hi] = block_matvec(q[lo:hi], x_s)
+
+        for _ in workers.map(matvecs, rows):
+            pass
+        u = pv @ e_s  # D x r: P V_s
         g_s = e_s.T @ block_contract(u, x_s)  # r x r: V_s^T P V_s
         a = eye + sigma * 0.5 * (g_s + g_s.T)
         chol, info = torch.linalg.cholesky_ex(a)
@@ -671,26 +759,39 @@ class _Bait:
                 f"BAIT: the Woodbury system for {what} a point is not positive definite; the embeddings "
                 "or probabilities are too ill-conditioned for this lam (use a larger lam or float64 input)"
             )
-        u_t = torch.linalg.solve_triangular(chol, u.T, upper=False).T  # D x r: U L^{-T}
-        if st.q is None:
-            st.p.addmm_(u_t, u_t.T, alpha=-sigma)
+        u_t = torch.linalg.solve_triangular(chol, u.T, upper=False).T.contiguous()  # D x r: U L^{-T}
+        jobs: list[Callable[[], None]] = []
+        if q is None or qv is None:
             delta = 2.0 * float(chol.diagonal().log().sum())
             blocks = u_t.view(r, d, 1, rc)
+            u_tt = u_t.T.contiguous()
+
+            def p_only(lo: int, hi: int) -> None:
+                st.p[lo:hi].addmm_(u_t[lo:hi], u_tt, alpha=-sigma)
+
+            jobs = [functools.partial(p_only, lo, hi) for lo, hi in rows]
         else:
-            rr = block_matvec(st.q, x_s) @ e_s  # D x r: Q V_s
+            rr = qv @ e_s  # D x r: Q V_s
             h_s = e_s.T @ block_contract(rr, x_s)  # r x r: V_s^T Q V_s
             h_s = 0.5 * (h_s + h_s.T)
             r_t = torch.linalg.solve_triangular(chol, rr.T, upper=False).T  # D x r: R L^{-T}
             y = torch.linalg.solve_triangular(chol, h_s, upper=False)  # L^{-1} h_s
             s_t = torch.linalg.solve_triangular(chol, y.T, upper=False)  # L^{-1} h_s L^{-T}
             r_h = r_t - (0.5 * sigma) * (u_t @ s_t)  # D x r
-            st.p.addmm_(u_t, u_t.T, alpha=-sigma)
-            # Q -= sigma (U~ R^T + R^ U~^T) as one rank-2r GEMM: one pass over Q.
-            st.q.addmm_(torch.cat([u_t, r_h], 1), torch.cat([r_h, u_t], 1).T, alpha=-sigma)
             delta = float(s_t.diagonal().sum())
             blocks = torch.stack([u_t, r_h], dim=1).view(r, d, 2, rc)
+            # Q -= sigma (U~ R^T + R^ U~^T) as one rank-2r GEMM: one pass over Q.
+            left = torch.cat([u_t, r_h], 1)
+            right = torch.cat([r_h, u_t], 1).T.contiguous()
+            u_tt = u_t.T.contiguous()
+
+            def pq(lo: int, hi: int) -> None:
+                st.p[lo:hi].addmm_(u_t[lo:hi], u_tt, alpha=-sigma)
+                q[lo:hi].addmm_(left[lo:hi], right, alpha=-sigma)
+
+            jobs = [functools.partial(pq, lo, hi) for lo, hi in rows]
         # d x (r * c * r), column index (a, c-block, col): one GEMM gives m x r x (c r) per chunk.
-        return blocks.permute(1, 0, 2, 3).reshape(d, -1), delta
+        return blocks.permute(1, 0, 2, 3).reshape(d, -1), delta, jobs
 
     @staticmethod
     def _update_rows(
@@ -722,8 +823,12 @@ class _Bait:
                 z = et[:, 0, 0] * t[1]
                 h[:, 0, 0] -= (2.0 * sigma) * w * z
             return
-        t = x.to(blocks.dtype) @ blocks  # m x (r * c * rc)
         c = 1 if h is None else 2
+        numpy_ok = x.device.type == "cpu" and g.is_contiguous() and (h is None or h.is_contiguous())
+        if numpy_ok and not _legacy_step():
+            _update_rows_numpy(x, et, g, h, blocks, sigma, half_h=half_h)
+            return
+        t = matmul(x.to(blocks.dtype), blocks)  # m x (r * c * rc)
         if _legacy_step():  # the previous update, for same-run benchmarks (BAIT_STEP=legacy)
             wz = torch.bmm(et, t.view(m, r, c * rc))
             w = wz[:, :, :rc]
@@ -736,8 +841,6 @@ class _Bait:
             return
         wz = _small_bmm(et, t.view(m, r, c * rc))  # m x rc x c rc: [W | Z]
         w = wz[:, :, :rc]
-        # (One bmm W [W^T | Z^T] for both updates was tried: no faster at d = 128, k = 10 in
-        # min-of-30 timings, 7.0 vs 7.4 ms per 8192-row chunk in float32, 14.5 vs 13.3 in float64.)
         g.sub_(_small_bmm(w, w.transpose(1, 2)), alpha=sigma)
         if h is not None:
             y = _small_bmm(w, wz[:, :, rc:].transpose(1, 2))  # m x rc x rc: W Z^T
@@ -782,23 +885,33 @@ class _Bait:
         # Chunks of one step run on the worker threads. n=100k, d=128, k=10 on 2 cores: 0.25 -> 0.14 s
         # per step at load ~1; at load ~3.4 (both cores busy with other work) 2 threads measured
         # 0.25-0.38 s vs 0.24-0.33 s (GIL hand-offs between the ~150 short ops of a chunk).
+        # The rank update of P and Q (row-block jobs) runs on the workers with the step's candidate
+        # chunks: the chunks only read the blocks [U~ | R^], so nothing waits for the D x D update.
+        jobs: list[Callable[[], None]] = []
+
+        def run(job: Callable[[], None] | tuple[int, int]) -> None:
+            if callable(job):
+                job()
+            else:
+                step_chunk(job)
+
         with _Workers(self.n_threads) as workers:
             for _ in workers.map(score_chunk, bounds):
                 pass
             for step in range(n_steps):
-                with _intra_op_threads(self.n_threads):
-                    pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
+                pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
                 picks.append(pos)
                 chosen[pos] = True
                 eligible[pos] = False
-                with _intra_op_threads(self.n_threads):
-                    blocks, delta = self._rank_update(st, st.x[pos], st.et[pos].T, 1.0)
+                blocks, delta, jobs = self._rank_update(st, st.x[pos], st.et[pos].T, 1.0, workers)
                 gains.append(delta)
                 st.value = st.value + delta if self.mode == "logdet" else st.value - delta
+                todo: list[Callable[[], None] | tuple[int, int]] = list(jobs)
                 if step + 1 < n_steps:
                     blocks = blocks.to(self.sdt)
-                    for _ in workers.map(step_chunk, bounds):
-                        pass
+                    todo += bounds
+                for _ in workers.map(run, todo):
+                    pass
                 self._tick()
         if st.h is not None and half_h:
             st.h = st.h + st.h.transpose(1, 2)
@@ -806,10 +919,10 @@ class _Bait:
 
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
         """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
-        with _intra_op_threads(self.n_threads):
-            return self._backward(st, picks, n_keep)
+        with _Workers(self.n_threads) as workers:
+            return self._backward(st, picks, n_keep, workers)
 
-    def _backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
+    def _backward(self, st: _State, picks: list[int], n_keep: int, workers: _Workers) -> list[int]:
         assert st.q is not None
         mdt = self.mdt
         order = sorted(picks)  # ascending candidate position = ascending pool row
@@ -826,7 +939,9 @@ class _Bait:
             scores = trace_solve_scores(g, h, -1.0)
             j = _first_best(scores, alive, maximize=False, rtol=rtol)
             alive[j] = False
-            blocks, delta = self._rank_update(st, x[j], e[j], -1.0)
+            blocks, delta, jobs = self._rank_update(st, x[j], e[j], -1.0, workers)
+            for _ in workers.map(lambda job: job(), jobs):
+                pass
             st.value += delta
             self._update_rows(x, et, g, h, blocks, -1.0)
             self._tick()
@@ -1000,6 +1115,18 @@ def _plan(
         tried.append(plan)
         if fits(plan):
             return plan
+    # The projection costs the most objective (+2 to +28 % in README's gap rows at lam = 0.01; top-c
+    # and pre-filtering < 1 %): it is taken only when no plan without it comes within PCA_TIME_SLACK
+    # times the time budget (an estimate, not a deadline).
+    no_pca = [p for p in tried if p.estimated_bytes <= budget_gb * _GB]
+    if no_pca:
+        best = min(no_pca, key=lambda p: p.estimated_s)
+        if best.estimated_s <= PCA_TIME_SLACK * time_budget_s:
+            best.reason = (
+                f"{best.reason}; est. {best.estimated_s:.0f} s, within {PCA_TIME_SLACK:g}x the time budget: "
+                "no PCA projection"
+            )
+            return best
     for dim in ladder_dims(d) if approx_dim is None else [approx_dim]:
         plan = make("pca" if classes is None else "pca+topc", dim, classes, pf_use, reason)
         tried.append(plan)
