@@ -2,7 +2,14 @@
 
     python bench/selection_scale.py --rows k100-approx        # n = 20,000, d = 512, k = 100, B = 100
     python bench/selection_scale.py --rows k100-gap,prefilter # objective gaps where exact BAIT runs
+    python bench/selection_scale.py --rows k100-default       # the plain select() a user gets at k = 100
+    python bench/selection_scale.py --rows prefilter-1m       # 10^6 x 768, k = 10: auto plan + 10^5 gap
     python bench/selection_scale.py --smoke                   # tiny sizes, seconds
+
+``prefilter-1m`` builds a 10^6 x 768 float32 pool in blocks (3 GB), times the default plan end to end
+(the cost model pre-filters above its named pool size) and reports the process's peak memory; then, on
+a 10^5-row subsample of the same pool, it runs exact BAIT and the default (pre-filtered) plan and
+compares the two sets by the exact float64 ``tr(M^{-1} F)`` over the subsample (one explicit ``F``).
 
 Each row prints its wall time, the plan the library chose or was told (``diagnostics["approximation"]``)
 and, for ``gap`` rows, the exact float64 objective ``tr(M^{-1} F)`` of every variant's set relative to
@@ -47,6 +54,10 @@ class Row:
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     gap: bool = False
     smoke: bool = False
+    #: ``"big"``: the pool is generated in blocks, the default plan runs on all of it, and the gap is
+    #: measured on the first ``sub_n`` rows (exact BAIT vs the default plan there).
+    kind: str = "standard"
+    sub_n: int = 0
 
 
 ROWS: list[Row] = [
@@ -58,6 +69,9 @@ ROWS: list[Row] = [
         100,
         variants={"auto, 120 s budget": {"time_budget_s": 120.0}, "auto, 60 s budget": {"time_budget_s": 60.0}},
     ),
+    # What a user gets without parameters (plain select(); the service passes the same default budget).
+    Row("k100-default", 20_000, 512, 100, 100, variants={"default plan": {}}),
+    Row("prefilter-1m", 1_000_000, 768, 10, 100, temp=3.0, variants={"default plan": {}}, kind="big", sub_n=100_000),
     Row(
         "k100-gap",
         2_000,
@@ -126,6 +140,19 @@ ROWS: list[Row] = [
         gap=True,
         smoke=True,
     ),
+    Row(
+        "smoke-prefilter-big",
+        30_000,
+        8,
+        4,
+        5,
+        temp=3.0,
+        n_labeled=20,
+        variants={"prefilter": {"prefilter": {"top": 1500, "random": 500}}},
+        kind="big",
+        sub_n=6_000,
+        smoke=True,
+    ),
     Row("smoke-auto", 2_000, 16, 30, 5, n_labeled=10, variants={"auto 0.5 s": {"time_budget_s": 0.5}}, smoke=True),
     Row(
         "smoke-step",
@@ -151,6 +178,127 @@ def make_data(row: Row, seed: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarr
     probs = torch.softmax(x @ w, dim=1)
     labeled = np.sort(np.random.default_rng(seed).choice(row.n, size=row.n_labeled, replace=False))
     return x, probs, labeled
+
+
+def make_big(row: Row, seed: int, block: int = 65_536) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """:func:`make_data`'s distribution, generated ``block`` rows at a time (no n x d temporary)."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = (0.97 ** torch.arange(row.d, dtype=torch.float64)).to(torch.float32)
+    w = torch.randn(row.d, row.k, generator=gen) * (row.temp / math.sqrt(row.d))
+    x = torch.empty(row.n, row.d, dtype=torch.float32)
+    probs = torch.empty(row.n, row.k, dtype=torch.float32)
+    for lo in range(0, row.n, block):
+        hi = min(row.n, lo + block)
+        torch.randn(hi - lo, row.d, generator=gen, out=x[lo:hi])
+        x[lo:hi] *= scale
+        probs[lo:hi] = torch.softmax(x[lo:hi] @ w, dim=1)
+    labeled = np.sort(np.random.default_rng(seed).choice(row.n, size=row.n_labeled, replace=False))
+    return x, probs, labeled
+
+
+def peak_gb() -> float:
+    """This process's peak resident memory so far (GB; ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+
+def exact_objectives(
+    x: torch.Tensor, probs: torch.Tensor, design: np.ndarray, sets: list[np.ndarray], *, batch: int
+) -> list[float]:
+    """Exact float64 ``tr(M^{-1} F)`` of each set over all rows of ``x``: one explicit ``F`` for all sets.
+
+    Same weights as :func:`selection.fisher.exact_objective` under the default (``reference``) convention.
+    """
+    from selection.bait import DEFAULT_LAM, design_weights
+    from selection.fisher import kron_sum
+
+    f64 = torch.float64
+    fmat = kron_sum(x, probs, None, out_dtype=f64, chunk_size=4096)
+    fmat /= x.shape[0]
+    w_design, w_picked = design_weights("reference", len(design), batch)
+    d_idx = torch.as_tensor(design, dtype=torch.long)
+    m_design = kron_sum(x[d_idx], probs[d_idx], None, out_dtype=f64, chunk_size=4096) * w_design
+    out = []
+    for rows in sets:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        mmat = m_design + w_picked * kron_sum(x[idx], probs[idx], None, out_dtype=f64, chunk_size=4096)
+        mmat.diagonal().add_(DEFAULT_LAM)
+        chol = torch.linalg.cholesky(mmat)
+        y = torch.linalg.solve_triangular(chol, fmat, upper=False)
+        z = torch.linalg.solve_triangular(chol, y.T, upper=False)
+        out.append(float(z.diagonal().sum()))
+        del mmat, chol, y, z
+    return out
+
+
+def run_big(row: Row, seed: int) -> dict[str, Any]:
+    """``kind="big"`` rows: the default plan on the whole pool, then exact vs it on ``sub_n`` rows."""
+    import selection
+
+    out: dict[str, Any] = {"name": row.name, "n": row.n, "d": row.d, "k": row.k, "batch": row.batch, "runs": []}
+    params = next(iter(row.variants.values()))
+    label = next(iter(row.variants))
+    t0 = time.perf_counter()
+    x, probs, labeled = make_big(row, seed)
+    gen_s = time.perf_counter() - t0
+    print(f"  {row.name}: generated {row.n:,} x {row.d} float32 in {gen_s:.1f} s, peak {peak_gb():.2f} GB", flush=True)
+    kw: dict[str, Any] = {"embeddings": x, "probs": probs, "labeled": labeled, "batch_size": row.batch}
+    before = load1()
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    res = selection.select("bait", **kw, **params)
+    run: dict[str, Any] = {
+        "variant": f"{label}, all {row.n:,} rows",
+        "seconds": time.perf_counter() - t0,
+        "cpu_s": cpu_seconds() - c0,
+        "load": [before, load1()],
+        "objective": res.objective,
+        "plan": res.diagnostics["approximation"],
+        "setup_s": res.diagnostics["timings"].get("setup"),
+        "peak_gb": peak_gb(),
+        "timings": res.diagnostics["timings"],
+    }
+    out["runs"].append(run)
+    print(
+        f"  {row.name}: {run['variant']}: {run['seconds']:.1f} s (CPU {run['cpu_s']:.1f} s, load "
+        f"{before:.1f}/{run['load'][1]:.1f}), peak {run['peak_gb']:.2f} GB, {fmt_plan(run['plan'])}",
+        flush=True,
+    )
+    # The subsample: the first sub_n rows (the pool is i.i.d.), its own labeled rows.
+    xs, ps = x[: row.sub_n].clone(), probs[: row.sub_n].clone()
+    del x, probs, kw
+    lab = np.sort(np.random.default_rng(seed + 1).choice(row.sub_n, size=row.n_labeled, replace=False))
+    kw = {"embeddings": xs, "probs": ps, "labeled": lab, "batch_size": row.batch}
+    sets = []
+    for variant, extra in (("exact", {"approx": "exact", "prefilter": "none"}), (label, params)):
+        before = load1()
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        r = selection.select("bait", **kw, **extra)
+        sets.append(r.indices)
+        out["runs"].append(
+            {
+                "variant": f"{variant}, {row.sub_n:,}-row subsample",
+                "seconds": time.perf_counter() - t0,
+                "cpu_s": cpu_seconds() - c0,
+                "load": [before, load1()],
+                "objective": r.objective,
+                "plan": r.diagnostics["approximation"],
+                "setup_s": r.diagnostics["timings"].get("setup"),
+                "peak_gb": peak_gb(),
+            }
+        )
+        print(f"  {row.name}: {out['runs'][-1]['variant']}: {out['runs'][-1]['seconds']:.1f} s", flush=True)
+    before = load1()
+    t0 = time.perf_counter()
+    objs = exact_objectives(xs, ps, lab, sets, batch=row.batch)
+    print(
+        f"  {row.name}: exact float64 objectives over the subsample in {time.perf_counter() - t0:.1f} s "
+        f"(load {before:.1f}/{load1():.1f}): exact {objs[0]:.8g}, {label} {objs[1]:.8g}",
+        flush=True,
+    )
+    for run_, obj in zip(out["runs"][1:], objs, strict=True):
+        run_["engine_objective"] = run_["objective"]  # the library's own value (exact run: the same F)
+        run_["objective"] = obj
+        run_["gap"] = obj / objs[0] - 1.0
+    return out
 
 
 def load1() -> float:
@@ -259,18 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for row in rows:
-        res = run_row(row, args.seed)
+        res = run_big(row, args.seed) if row.kind == "big" else run_row(row, args.seed)
         results.append(res)
         for run in res["runs"]:
             gap = run.get("gap")
             gap_s = "" if gap is None else f"{100 * gap:+.2f}%"
             obj = run["objective"]
+            peak = f", peak {run['peak_gb']:.2f} GB" if "peak_gb" in run else ""
             print(
                 f"| {row.name} (n={row.n}, d={row.d}, k={row.k}, B={row.batch}) | {run['variant']} | "
                 f"{run['seconds']:.1f} | {run['cpu_s']:.1f} | {run.get('setup_s') or 0:.1f} | "
                 f"{run.get('step_ms', math.nan):.0f} | "
                 f"{run['load'][0]:.1f}/{run['load'][1]:.1f} | "
-                f"{'' if obj is None else f'{obj:.6g}'} | {gap_s} | {fmt_plan(run['plan'])} |",
+                f"{'' if obj is None else f'{obj:.6g}'} | {gap_s} | {fmt_plan(run['plan'])}{peak} |",
                 flush=True,
             )
     if args.json:

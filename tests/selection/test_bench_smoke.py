@@ -50,6 +50,36 @@ def test_selection_speed_smoke_prints_a_table_with_finite_numbers(tmp_path: Path
     assert abs(approx["gap"]) < 0.05
 
 
+def test_selection_speed_baseline_ref_runs_both_codes(tmp_path: Path) -> None:
+    # The working tree's selection/ against HEAD's, alternating, in one run: both rows, same picks' objective.
+    out_json = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "selection_speed.py"),
+            "--rows",
+            "smoke-select",
+            "--baseline-ref",
+            "HEAD",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out_json.read_text())}
+    assert list(rows) == ["smoke-select @HEAD", "smoke-select"]
+    for r in rows.values():
+        assert math.isfinite(r["total_s"]) and r["total_s"] > 0 and r["load"] >= 0
+        assert "plain select() call" in r["notes"]
+    assert rows["smoke-select"]["objective"] > 0 and rows["smoke-select @HEAD"]["objective"] > 0
+
+
 def test_float32_agreement_smoke_reports_every_configuration() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "float32_agreement.py"), "--problems", "2", "--n", "150", "--d", "6"],
@@ -88,7 +118,7 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out_json.read_text())}
-    assert set(rows) == {"smoke-k-gap", "smoke-prefilter", "smoke-auto", "smoke-step"}
+    assert set(rows) == {"smoke-k-gap", "smoke-prefilter", "smoke-prefilter-big", "smoke-auto", "smoke-step"}
     for row in rows.values():
         for run in row["runs"]:
             assert math.isfinite(run["seconds"]) and run["seconds"] >= 0
@@ -104,3 +134,12 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
     legacy, new = rows["smoke-step"]["runs"]
     assert legacy["indices"] == new["indices"]  # float64: the same picks with either step update
     assert legacy["step_ms"] > 0 and new["step_ms"] > 0
+    # The big-pool row: the plan on the whole (block-generated) pool, then exact vs that plan on a subsample,
+    # both scored by one explicit float64 F; the exact run's own objective agrees with it.
+    whole, exact_sub, pre_sub = rows["smoke-prefilter-big"]["runs"]
+    assert whole["plan"]["prefilter"]["kept_top"] == 1500 and 0 < whole["peak_gb"] < 8
+    assert exact_sub["gap"] == 0.0 and exact_sub["plan"]["kind"] == "exact" and "prefilter" not in exact_sub["plan"]
+    # The engine runs this row in float32 (its pool GEMMs through OpenBLAS since the step rewrite): agreement
+    # to float32 accumulation error, 1.2e-6 relative measured, not to float64's.
+    assert math.isclose(exact_sub["objective"], exact_sub["engine_objective"], rel_tol=1e-5)
+    assert pre_sub["plan"]["prefilter"]["kept_random"] == 500 and abs(pre_sub["gap"]) < 0.1

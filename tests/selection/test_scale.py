@@ -371,3 +371,36 @@ def test_step_update_gives_the_legacy_picks(monkeypatch: pytest.MonkeyPatch, k: 
     assert new.indices.tolist() == old.indices.tolist()
     assert new.diagnostics["forward_indices"] == old.diagnostics["forward_indices"]
     assert new.objective == pytest.approx(old.objective, rel=1e-10)
+
+
+def test_auto_plan_prefers_no_projection_within_the_slack() -> None:
+    """A plan without PCA whose estimate is over the time budget but within PCA_TIME_SLACK x runs instead."""
+    x, p = _data(10, 300, 16, 10, scale_=6.0)
+    c_auto = auto_classes(torch.as_tensor(p), lam=0.01)
+    secs = {
+        c: estimate_seconds(
+            n_rows=300,
+            n_cand=300,
+            d=16,
+            r=9,
+            rc=9 if c is None else c,
+            n_forward=10,
+            n_backward=5,
+            n_design=0,
+            mode="fisher",
+            device=torch.device("cpu"),
+            dtype=F64,
+        )
+        for c in (None, c_auto)
+    }
+    budget = secs[c_auto] / (0.5 * (1 + bait_module.PCA_TIME_SLACK))  # top-c over it, within the slack
+    assert secs[None] > bait_module.PCA_TIME_SLACK * budget  # exact is not
+    out = select("bait", embeddings=x, probs=p, batch_size=5, time_budget_s=budget)
+    info = out.diagnostics["approximation"]
+    assert info["kind"] == "topc" and "pca_dim" not in info, info
+    assert info["estimated_seconds"] > budget and "no PCA projection" in info["reason"]
+    # Below the slack the projection is taken, as before.
+    out = select(
+        "bait", embeddings=x, probs=p, batch_size=5, time_budget_s=secs[c_auto] / (2 * bait_module.PCA_TIME_SLACK)
+    )
+    assert "pca_dim" in out.diagnostics["approximation"]
