@@ -200,6 +200,7 @@ async def bulk_upload(
             split=split,
             data_column=data_column,
             max_data_bytes=settings.max_item_data_bytes,
+            block_bytes=settings.bulk_block_bytes,
         )
     finally:
         fileobj.close()

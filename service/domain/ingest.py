@@ -1,12 +1,22 @@
 """Bulk item files: .npz (arrays ``ids`` and ``embeddings``) and Parquet (``id`` + list<float> ``embedding``).
 
-Both parse to ``(ids, embeddings)``: a list of ``n`` strings and an ``n x d`` float array. Every problem
-with the file itself is an :class:`InvalidFile` (400) naming what is wrong; an unknown format is 415.
+Both are read as a stream of :class:`Block` s (ids, an ``m x d`` float array, optional content strings) of
+about :data:`BLOCK_BYTES`, so a 10^6 x 768 file (3 GB) is never held in memory: the caller validates and
+writes block by block inside one transaction. Every problem with the file itself is an
+:class:`InvalidFile` (400) naming what is wrong; an unknown format is 415; a file that declares (or
+decodes to) more than the inflated-size budget is 413, checked before inflating where the file says its
+sizes.
 """
 
 from __future__ import annotations
 
-from typing import IO, Literal, cast
+import contextlib
+import math
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from tokenize import TokenError
+from typing import IO, Any, Literal, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from service.domain import archives
-from service.errors import InvalidFile, UnsupportedMediaType
+from service.errors import InvalidFile, PayloadTooLarge, UnsupportedMediaType
 
 FileFormat = Literal["npz", "parquet"]
 FORMATS: tuple[FileFormat, ...] = ("npz", "parquet")
@@ -55,124 +65,311 @@ def detect_format(head: bytes, content_type: str | None, filename: str | None, e
     )
 
 
-def parse(
-    fmt: FileFormat, fileobj: IO[bytes], id_column: str | None, embedding_column: str | None, max_inflated_bytes: int
-) -> tuple[list[str], np.ndarray]:
-    """``(ids, embeddings)`` of a bulk file, inflated within ``max_inflated_bytes`` (413 above it)."""
+# Rows read, validated and written at a time: about this many bytes of embeddings (and ids, content).
+BLOCK_BYTES = 32 * 2**20
+_READ_CHUNK = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class Block:
+    """Consecutive rows of a bulk file: ``start`` is the file row of the first one."""
+
+    start: int
+    ids: list[str]
+    embeddings: np.ndarray  # m x d, float32 or float64 (any byte order)
+    data: list[str | None] | None  # JSON strings (None: no content), when the file has a data column
+
+
+class BulkFile(Protocol):
+    """A bulk file whose structure (names, types, shapes, declared sizes) was checked when it was opened;
+    its rows are read block by block, so memory stays bounded whatever the file's size."""
+
+    n: int  # rows (items) the file declares
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES, dim: int = 0) -> Iterator[Block]:
+        """Rows in blocks of about ``block_bytes`` (``dim``: the expected embedding dimension, sizes the
+        blocks of formats whose rows' sizes are not known before decoding them)."""
+        ...
+
+
+def open_file(
+    fmt: FileFormat,
+    fileobj: IO[bytes],
+    *,
+    id_column: str | None,
+    embedding_column: str | None,
+    data_column: str | None,
+    max_inflated_bytes: int,
+) -> BulkFile:
+    """Open an .npz or Parquet bulk file: everything about the file but its values is checked here (a 400
+    naming the problem; 413 when it declares more than ``max_inflated_bytes`` inflated bytes).
+
+    The ``data`` array/column (item content as JSON strings) is read when present; asked for by name
+    (``data_column``) it must exist.
+    """
     default_ids, default_emb = DEFAULT_COLUMNS[fmt]
     ids_name, emb_name = id_column or default_ids, embedding_column or default_emb
+    data_name, data_required = data_column or "data", data_column is not None
     if fmt == "npz":
-        return parse_npz(fileobj, ids_name, emb_name, max_inflated_bytes)
-    return parse_parquet(fileobj, ids_name, emb_name, max_inflated_bytes)
+        return NpzFile(fileobj, ids_name, emb_name, data_name, data_required, max_inflated_bytes)
+    return ParquetBulkFile(fileobj, ids_name, emb_name, data_name, data_required, max_inflated_bytes)
 
 
-def parse_npz(
-    fileobj: IO[bytes], ids_name: str, emb_name: str, max_inflated_bytes: int
-) -> tuple[list[str], np.ndarray]:
-    """Read ``ids`` (1-D str array) and ``embeddings`` (2-D float32/float64 array) from an .npz; the sizes
-    the archive declares are checked against ``max_inflated_bytes`` before anything is inflated."""
-    arrays = archives.read_npz(fileobj, budget=max_inflated_bytes, names=[ids_name, emb_name])
-    for name in (ids_name, emb_name):
-        if name not in arrays:
-            raise InvalidFile(f".npz has no array {name!r}", {"missing": name})
-    ids_arr, emb = arrays[ids_name], arrays[emb_name]
-    if ids_arr.ndim != 1:
-        raise InvalidFile(f"array {ids_name!r} must be 1-D, got shape {list(ids_arr.shape)}")
-    if ids_arr.dtype.kind == "U":
-        ids = ids_arr.tolist()
-    elif ids_arr.dtype.kind == "S":
-        try:
-            ids = [b.decode("utf-8") for b in ids_arr.tolist()]
-        except UnicodeDecodeError as exc:
-            raise InvalidFile(f"array {ids_name!r} holds bytes that are not UTF-8") from exc
-    else:
-        raise InvalidFile(f"array {ids_name!r} must hold strings, got dtype {ids_arr.dtype}")
-    if emb.ndim != 2:
-        raise InvalidFile(f"array {emb_name!r} must be 2-D (n x d), got shape {list(emb.shape)}")
-    if emb.dtype not in (np.float32, np.float64) and emb.dtype.newbyteorder("=") not in (np.float32, np.float64):
-        raise InvalidFile(f"array {emb_name!r} must be float32 or float64, got dtype {emb.dtype}")
-    if emb.shape[0] != len(ids):
-        raise InvalidFile(f"{len(ids)} ids but {emb.shape[0]} embedding rows")
-    return ids, emb
+# ---------------------------------------------------------------------------------------------- .npz
 
 
-def parse_parquet(
-    fileobj: IO[bytes], id_col: str, emb_col: str, max_inflated_bytes: int
-) -> tuple[list[str], np.ndarray]:
-    """Read a string ``id`` column and a list<float> ``embedding`` column (all rows of one length), row
-    group by row group within ``max_inflated_bytes`` decoded bytes."""
-    table = archives.read_parquet_columns(fileobj, [id_col, emb_col], budget=max_inflated_bytes)
-    ids_col = table.column(id_col)
-    if not (pa.types.is_string(ids_col.type) or pa.types.is_large_string(ids_col.type)):
-        raise InvalidFile(f"column {id_col!r} must be strings, got {ids_col.type}")
-    if ids_col.null_count:
-        raise InvalidFile(f"column {id_col!r} has {ids_col.null_count} null ids")
-    col = table.column(emb_col)
-    typ = col.type
-    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
-        raise InvalidFile(f"column {emb_col!r} must be a list of floats, got {typ}")
-    if not pa.types.is_floating(typ.value_type) or pa.types.is_float16(typ.value_type):
-        raise InvalidFile(f"column {emb_col!r} must hold float32 or float64 values, got {typ.value_type}")
-    if col.null_count:
-        raise InvalidFile(f"column {emb_col!r} has {col.null_count} null embeddings")
-    n = len(col)
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False) if n else np.zeros(0, dtype=np.int64)
-    d = int(lengths[0]) if n else 0
-    if n and (lengths != d).any():
-        bad = int(np.flatnonzero(lengths != d)[0])
-        raise InvalidFile(
-            f"column {emb_col!r} is ragged: row 0 has {d} values, row {bad} has {int(lengths[bad])}",
-            {"row": bad},
-        )
-    values = pc.list_flatten(arr)
-    if values.null_count:
-        raise InvalidFile(f"column {emb_col!r} has null values inside embeddings")
-    emb = values.to_numpy(zero_copy_only=False).reshape(n, d)
-    return ids_col.to_pylist(), emb
+@dataclass
+class _Member:
+    name: str
+    info: zipfile.ZipInfo
+    shape: tuple[int, ...]
+    fortran: bool
+    dtype: np.dtype[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(int(s) for s in self.shape) * self.dtype.itemsize  # Python ints: no overflow
 
 
-def parse_data_strings(
-    fmt: FileFormat, fileobj: IO[bytes], data_column: str | None, n: int, max_inflated_bytes: int
-) -> list[str | None] | None:
-    """Item content as JSON strings, one per item: the ``data`` column (Parquet, strings, null: none) or
-    array (.npz, 1-D strings, empty: none). ``None`` when the file has none and none was asked for. Read
-    like the embeddings: within ``max_inflated_bytes``, checked before inflating (413 above it).
-
-    Raises:
-        InvalidFile: the column/array asked for is missing, not strings, or not one per item.
-        PayloadTooLarge: the column would inflate above ``max_inflated_bytes``.
-    """
-    name = data_column or "data"
-    if fmt == "npz":
-        arrays = archives.read_npz(fileobj, budget=max_inflated_bytes, names=[name])
-        if name not in arrays:
-            if data_column is not None:
-                raise InvalidFile(f".npz has no array {name!r}", {"missing": name})
-            return None
-        arr = arrays[name]
-        if arr.ndim != 1 or arr.shape[0] != n:
-            raise InvalidFile(f"array {name!r} must be 1-D with one JSON string per item ({n}), got {list(arr.shape)}")
-        if arr.dtype.kind == "U":
-            return [s or None for s in arr.tolist()]
-        if arr.dtype.kind == "S":
-            try:
-                return [b.decode("utf-8") or None for b in arr.tolist()]
-            except UnicodeDecodeError as exc:
-                raise InvalidFile(f"array {name!r} holds bytes that are not UTF-8") from exc
-        raise InvalidFile(f"array {name!r} must hold JSON strings, got dtype {arr.dtype}")
+def _npy_header(fp: IO[bytes], name: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     try:
-        names = pq.ParquetFile(fileobj).schema_arrow.names
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InvalidFile(f"not a readable Parquet file: {exc}") from exc
-    if name not in names:
-        if data_column is not None:
-            raise InvalidFile(f"Parquet file has no column {name!r} (columns: {names})")
-        return None
-    fileobj.seek(0)
-    col = archives.read_parquet_columns(fileobj, [name], budget=max_inflated_bytes).column(name)
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        raise InvalidFile(f"column {name!r} must hold JSON strings, got {col.type}")
-    if len(col) != n:
-        raise InvalidFile(f"column {name!r} has {len(col)} rows for {n} items")
-    return cast(list[str | None], col.to_pylist())
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=10_000)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=10_000)
+        else:
+            raise InvalidFile(f"array {name!r}: unsupported .npy format version {version}")
+    except (ValueError, SyntaxError, TokenError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        # a malformed header dict fails in numpy's tokenizer or literal_eval, not only with ValueError
+        raise InvalidFile(f"cannot read array {name!r} of the .npz: {exc}") from exc
+    if dtype.hasobject:
+        raise InvalidFile(f"array {name!r} holds Python objects (pickles are refused); save strings as a str dtype")
+    return tuple(int(s) for s in shape), bool(fortran), dtype
+
+
+def _strings(arr: np.ndarray, name: str) -> list[str]:
+    if arr.dtype.kind == "U":
+        return cast(list[str], arr.tolist())
+    try:
+        return [b.decode("utf-8") for b in arr.tolist()]
+    except UnicodeDecodeError as exc:
+        raise InvalidFile(f"array {name!r} holds bytes that are not UTF-8") from exc
+
+
+class NpzFile:
+    """An .npz read member by member in row blocks: each member is inflated as it is read (never whole),
+    exactly the bytes its .npy header declares, against the inflated-size budget checked up front."""
+
+    def __init__(
+        self, fileobj: IO[bytes], ids_name: str, emb_name: str, data_name: str, data_required: bool, budget: int
+    ) -> None:
+        try:
+            self.zf = zipfile.ZipFile(fileobj)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            raise InvalidFile(f"not a readable .npz file (numpy.savez): {exc}") from exc
+        infos: dict[str, zipfile.ZipInfo] = {}
+        for info in self.zf.infolist():
+            if not info.filename.endswith(".npy"):
+                raise InvalidFile(f"the .npz holds {info.filename!r}, which is not a .npy array")
+            infos[info.filename[: -len(".npy")]] = info
+        for name in (ids_name, emb_name):
+            if name not in infos:
+                raise InvalidFile(f".npz has no array {name!r}", {"missing": name})
+        if data_required and data_name not in infos:
+            raise InvalidFile(f".npz has no array {data_name!r}", {"missing": data_name})
+        names = [ids_name, emb_name] + ([data_name] if data_name in infos else [])
+        declared = sum(infos[n].file_size for n in names)
+        if declared > budget:
+            raise archives.too_large("the .npz", declared, budget)
+        self.members: dict[str, _Member] = {}
+        used = 0
+        for name in names:
+            with self._open(infos[name]) as fp:
+                shape, fortran, dtype = _npy_header(fp, name)
+            member = _Member(name, infos[name], shape, fortran, dtype)
+            if member.nbytes > budget - used:
+                raise archives.too_large(f"array {name!r} (shape {list(shape)}, {dtype})", member.nbytes, budget)
+            used += member.nbytes
+            self.members[name] = member
+        ids, emb = self.members[ids_name], self.members[emb_name]
+        data = self.members.get(data_name)
+        if len(ids.shape) != 1:
+            raise InvalidFile(f"array {ids_name!r} must be 1-D, got shape {list(ids.shape)}")
+        if ids.dtype.kind not in "US":
+            raise InvalidFile(f"array {ids_name!r} must hold strings, got dtype {ids.dtype}")
+        if len(emb.shape) != 2:
+            raise InvalidFile(f"array {emb_name!r} must be 2-D (n x d), got shape {list(emb.shape)}")
+        if emb.dtype.newbyteorder("=") not in (np.float32, np.float64):
+            raise InvalidFile(f"array {emb_name!r} must be float32 or float64, got dtype {emb.dtype}")
+        self.n = ids.shape[0]
+        if emb.shape[0] != self.n:
+            raise InvalidFile(f"{self.n} ids but {emb.shape[0]} embedding rows")
+        if data is not None:
+            if len(data.shape) != 1 or data.shape[0] != self.n:
+                raise InvalidFile(
+                    f"array {data_name!r} must be 1-D with one JSON string per item ({self.n}), got {list(data.shape)}"
+                )
+            if data.dtype.kind not in "US":
+                raise InvalidFile(f"array {data_name!r} must hold JSON strings, got dtype {data.dtype}")
+        self.ids, self.emb, self.data = ids, emb, data
+        self.d = emb.shape[1]
+
+    def _open(self, info: zipfile.ZipInfo) -> IO[bytes]:
+        try:
+            return self.zf.open(info)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+            raise InvalidFile(f"cannot read {info.filename!r} of the .npz: {exc}") from exc
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES, dim: int = 0) -> Iterator[Block]:
+        members = [m for m in (self.ids, self.emb, self.data) if m is not None]
+        row_bytes = sum(m.nbytes // max(self.n, 1) for m in members) or 1
+        rows = max(1, block_bytes // row_bytes)
+        with contextlib.ExitStack() as stack:
+            streams: dict[str, IO[bytes]] = {}
+            for member in members:
+                fp = stack.enter_context(self._open(member.info))
+                _npy_header(fp, member.name)  # past the header: the values follow
+                streams[member.name] = fp
+            # A column-major matrix cannot be cut into rows as it streams: it is read whole (within the budget).
+            whole: np.ndarray | None = None
+            if self.emb.fortran:
+                whole = self._read(streams[self.emb.name], self.emb, self.emb.nbytes).reshape(self.emb.shape, order="F")
+            for start in range(0, self.n, rows):
+                count = min(rows, self.n - start)
+                ids = _strings(self._take(streams, self.ids, count), self.ids.name)
+                if whole is not None:
+                    emb = whole[start : start + count]
+                else:
+                    emb = self._take(streams, self.emb, count * self.d).reshape(count, self.d)
+                data = None
+                if self.data is not None:
+                    data = [v or None for v in _strings(self._take(streams, self.data, count), self.data.name)]
+                yield Block(start, ids, emb, data)
+            for member in members:
+                self._finish(streams[member.name], member)
+
+    def _take(self, streams: dict[str, IO[bytes]], member: _Member, values: int) -> np.ndarray:
+        return self._read(streams[member.name], member, values * member.dtype.itemsize)
+
+    def _read(self, fp: IO[bytes], member: _Member, nbytes: int) -> np.ndarray:
+        buf = bytearray(nbytes)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < nbytes:
+                n = fp.readinto(view[got : got + _READ_CHUNK])  # type: ignore[attr-defined]
+                if not n:
+                    raise InvalidFile(
+                        f"array {member.name!r} is truncated: its header declares {member.nbytes} bytes, "
+                        "the file holds fewer"
+                    )
+                got += n
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            raise InvalidFile(f"cannot read array {member.name!r} of the .npz: {exc}") from exc
+        return np.frombuffer(buf, dtype=member.dtype)
+
+    def _finish(self, fp: IO[bytes], member: _Member) -> None:
+        """Read to the member's end, so its CRC is checked (a corrupted archive is a 400, not data)."""
+        try:
+            while fp.read(_READ_CHUNK):
+                pass
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            raise InvalidFile(f"cannot read array {member.name!r} of the .npz: {exc}") from exc
+
+
+# ------------------------------------------------------------------------------------------- Parquet
+
+
+class ParquetBulkFile:
+    """A Parquet file read in record batches (``iter_batches`` over a buffered stream without pre-buffering,
+    never a whole row group at once); the footer's uncompressed sizes are checked up front and the decoded
+    bytes counted as they are read, both against the inflated-size budget."""
+
+    def __init__(
+        self, fileobj: IO[bytes], id_col: str, emb_col: str, data_col: str, data_required: bool, budget: int
+    ) -> None:
+        try:
+            # pre_buffer (pyarrow's default) caches every column chunk read so far: memory grows with the
+            # file (3.6 GB of api RSS for 10^6 x 768); a buffered stream keeps it to a batch.
+            self.pf = pq.ParquetFile(fileobj, buffer_size=_READ_CHUNK, pre_buffer=False)
+            schema = self.pf.schema_arrow
+            meta = self.pf.metadata
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InvalidFile(f"not a readable Parquet file: {exc}") from exc
+        names = schema.names
+        for name in (id_col, emb_col):
+            if name not in names:
+                raise InvalidFile(f"Parquet file has no column {name!r} (columns: {names})", {"missing": name})
+        if data_required and data_col not in names:
+            raise InvalidFile(f"Parquet file has no column {data_col!r} (columns: {names})")
+        self.columns = [id_col, emb_col] + ([data_col] if data_col in names else [])
+        wanted = {i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] in self.columns}
+        declared = sum(
+            meta.row_group(g).column(i).total_uncompressed_size for g in range(meta.num_row_groups) for i in wanted
+        )
+        if declared > budget:
+            raise archives.too_large("the Parquet file", declared, budget)
+        id_type = schema.field(id_col).type
+        if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
+            raise InvalidFile(f"column {id_col!r} must be strings, got {id_type}")
+        typ = schema.field(emb_col).type
+        if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
+            raise InvalidFile(f"column {emb_col!r} must be a list of floats, got {typ}")
+        if not pa.types.is_floating(typ.value_type) or pa.types.is_float16(typ.value_type):
+            raise InvalidFile(f"column {emb_col!r} must hold float32 or float64 values, got {typ.value_type}")
+        if data_col in names:
+            data_type = schema.field(data_col).type
+            if not (pa.types.is_string(data_type) or pa.types.is_large_string(data_type)):
+                raise InvalidFile(f"column {data_col!r} must hold JSON strings, got {data_type}")
+        self.id_col, self.emb_col = id_col, emb_col
+        self.data_col = data_col if data_col in names else None
+        self.budget = budget
+        self.n = int(meta.num_rows)
+
+    def blocks(self, block_bytes: int = BLOCK_BYTES, dim: int = 0) -> Iterator[Block]:
+        meta = self.pf.metadata
+        footer = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)) // max(self.n, 1)
+        # The footer can understate rows (dictionary/RLE encoding): a row is at least dim float32 values.
+        row_bytes = max(1, footer, 4 * dim + 16)
+        rows = max(1, min(block_bytes // row_bytes, 1 << 20))
+        used = 0
+        start = 0
+        d: int | None = None
+        try:
+            for batch in self.pf.iter_batches(batch_size=rows, columns=self.columns, use_threads=False):
+                used += batch.nbytes
+                if used > self.budget:  # footers can lie: count what was really decoded
+                    raise archives.too_large("the Parquet file", used, self.budget)
+                m = batch.num_rows
+                if not m:
+                    continue
+                ids_col = batch.column(self.id_col)
+                if ids_col.null_count:
+                    raise InvalidFile(f"column {self.id_col!r} has {ids_col.null_count} null ids")
+                col = batch.column(self.emb_col)
+                if col.null_count:
+                    raise InvalidFile(f"column {self.emb_col!r} has {col.null_count} null embeddings")
+                lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+                if d is None:
+                    d = int(lengths[0])
+                if (lengths != d).any():
+                    bad = start + int(np.flatnonzero(lengths != d)[0])
+                    raise InvalidFile(
+                        f"column {self.emb_col!r} is ragged: row 0 has {d} values, row {bad} has "
+                        f"{int(lengths[bad - start])}",
+                        {"row": bad},
+                    )
+                values = pc.list_flatten(col)
+                if values.null_count:
+                    raise InvalidFile(f"column {self.emb_col!r} has null values inside embeddings")
+                emb = values.to_numpy(zero_copy_only=False).reshape(m, d)
+                data = None
+                if self.data_col is not None:
+                    data = [v or None for v in batch.column(self.data_col).to_pylist()]
+                yield Block(start, cast(list[str], ids_col.to_pylist()), emb, data)
+                start += m
+        except (InvalidFile, PayloadTooLarge):
+            raise
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InvalidFile(f"not a readable Parquet file: {exc}") from exc

@@ -123,28 +123,50 @@ def upsert_file(
     split: str | None = None,
     data_column: str | None = None,
     max_data_bytes: int = 64 * 2**10,
+    block_bytes: int = ingest.BLOCK_BYTES,
 ) -> tuple[int, int]:
     """Upsert the items of an .npz or Parquet file (with their content when the file has a ``data``
     column); returns ``(created, updated)``. With ``split``, every item of the file is put in that split
-    (``train`` | ``validation``)."""
-    ids, emb = ingest.parse(fmt, fileobj, id_column, embedding_column, max_inflated_bytes)
-    if not ids:
+    (``train`` | ``validation``).
+
+    The file streams in blocks of about ``block_bytes``: each block is validated (ids, duplicates across
+    the whole file, dimension, finite values, content) and written before the next is read, all in the
+    caller's transaction, so memory stays bounded and a bad row anywhere (block 7 of 50) is a 4xx that
+    leaves nothing written once the transaction rolls back.
+    """
+    bulk = ingest.open_file(
+        fmt,
+        fileobj,
+        id_column=id_column,
+        embedding_column=embedding_column,
+        data_column=data_column,
+        max_inflated_bytes=max_inflated_bytes,
+    )
+    if not bulk.n:
         raise ingest.InvalidFile("the file holds no items")
-    check_ids(ids)
-    with np.errstate(over="ignore"):
-        emb32 = check_embeddings(pool, ids, emb)
-    fileobj.seek(0)
-    raw = ingest.parse_data_strings(fmt, fileobj, data_column, len(ids), max_inflated_bytes)
-    datas = item_data.parse_json_strings(ids, raw, max_data_bytes) if raw is not None else None
+    seen: set[str] = set()
     now = datetime.now(UTC)
-    counts = items_repo.upsert_embeddings(session, pool.id, ids, emb32, now)
-    if split is not None:
-        quality_repo.set_split(
-            session, pool.id, list(items_repo.internal_ids(session, pool.id, ids).values()), split, now
-        )
-    if datas is not None:
-        store_data(session, pool, [(e, d) for e, d in zip(ids, datas, strict=True) if d is not None])
-    return counts
+    with items_repo.BulkUpsert(session, pool.id, now) as writer:
+        for block in bulk.blocks(block_bytes, pool.embedding_dim):
+            check_ids(block.ids)
+            again = [i for i in block.ids if i in seen]
+            if again:
+                raise DuplicateId(
+                    f"ids must be unique within a request; repeated: {again[:_SHOWN]} (first seen before row "
+                    f"{block.start} of the file)",
+                    {"duplicates": again[:_SHOWN]},
+                )
+            seen.update(block.ids)
+            with np.errstate(over="ignore"):
+                emb32 = check_embeddings(pool, block.ids, block.embeddings)
+            datas = item_data.parse_json_strings(block.ids, block.data, max_data_bytes) if block.data else None
+            writer.write(block.ids, emb32)
+            if split is not None:
+                ids = list(items_repo.internal_ids(session, pool.id, block.ids).values())
+                quality_repo.set_split(session, pool.id, ids, split, now)
+            if datas is not None:
+                store_data(session, pool, [(e, d) for e, d in zip(block.ids, datas, strict=True) if d is not None])
+    return writer.created, writer.updated
 
 
 def store_data(session: Session, pool: Pool, values: Sequence[tuple[str, dict[str, Any] | None]]) -> None:

@@ -14,10 +14,26 @@ from datetime import datetime
 from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, case, func, literal, null, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    case,
+    literal,
+    null,
+    or_,
+    select,
+    text,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from service.store import counts as counts_repo
 from service.store.models import Item
 
 STATUSES = ("unlabeled", "reserved", "labeled")
@@ -48,19 +64,9 @@ def status_is(status: str, now: datetime) -> ColumnElement[bool]:
 
 
 def count_by_status(session: Session, pool_ids: Sequence[str], now: datetime) -> dict[str, dict[str, int]]:
-    """``{pool_id: {"items", "unlabeled", "reserved", "labeled"}}`` by effective status, zeros included."""
-    out = {pid: {"items": 0, **dict.fromkeys(STATUSES, 0)} for pid in pool_ids}
-    if not pool_ids:
-        return out
-    eff = effective_status(now).label("eff")
-    rows = session.execute(
-        select(Item.pool_id, eff, func.count()).where(Item.pool_id.in_(pool_ids)).group_by(Item.pool_id, eff)
-    ).all()
-    for pool_id, status, n in rows:
-        counts = out[pool_id]
-        counts[status] = counts.get(status, 0) + int(n)
-        counts["items"] += int(n)
-    return out
+    """``{pool_id: {"items", "unlabeled", "reserved", "labeled"}}`` by effective status, zeros included (from
+    the counts the database keeps, ``service.store.counts``: no pass over the pool's rows)."""
+    return counts_repo.by_status(session, pool_ids, now)
 
 
 def _chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -91,28 +97,65 @@ def upsert_embeddings(
         external_ids: ``n`` unique, validated ids.
         embeddings: ``n x d`` float32 array (stored as little-endian bytes, one row per item).
     """
-    emb = np.ascontiguousarray(embeddings, dtype="<f4")
-    if session.get_bind().dialect.name == "postgresql":
-        return _upsert_postgresql(session, pool_id, external_ids, emb, now)
-    return _upsert_generic(session, pool_id, external_ids, emb, now)
+    with BulkUpsert(session, pool_id, now) as writer:
+        writer.write(external_ids, embeddings)
+    return writer.created, writer.updated
 
 
-def _upsert_postgresql(
-    session: Session, pool_id: str, external_ids: Sequence[str], emb: np.ndarray, now: datetime
-) -> tuple[int, int]:
-    # COPY (binary) into a temp table, then one INSERT ... SELECT ... ON CONFLICT: one round trip for
-    # the data and one set-based statement, instead of a statement (or an ORM object) per row.
-    dbapi_conn: Any = session.connection().connection.driver_connection
-    with dbapi_conn.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS bait_item_upload")
-        cur.execute(
-            "CREATE TEMP TABLE bait_item_upload (ord int4 NOT NULL, external_id text NOT NULL, "
-            "embedding bytea NOT NULL) ON COMMIT DROP"
-        )
+class BulkUpsert:
+    """Upserts of embeddings block by block, in the caller's transaction (so a failure anywhere, e.g. in a
+    later block, writes nothing once the caller rolls back). Every write is a plain INSERT ... ON CONFLICT
+    DO UPDATE on ``items``, so the row and statement triggers on it (counts, content versions) fire.
+
+    PostgreSQL: each block goes by binary COPY into a temporary staging table, then one set-based
+    ``INSERT ... SELECT ... ON CONFLICT`` moves it into ``items`` in block order. SQLite: ``executemany``
+    of the upsert. Ids must be unique across all blocks (the caller checks).
+    """
+
+    def __init__(self, session: Session, pool_id: str, now: datetime) -> None:
+        self.session, self.pool_id, self.now = session, pool_id, now
+        self.created = self.updated = 0
+        self.postgresql = session.get_bind().dialect.name == "postgresql"
+        self._cursor: Any = None
+
+    def __enter__(self) -> BulkUpsert:
+        if self.postgresql:
+            dbapi_conn: Any = self.session.connection().connection.driver_connection
+            self._cursor = dbapi_conn.cursor()
+            self._cursor.execute("DROP TABLE IF EXISTS bait_item_upload")
+            self._cursor.execute(
+                "CREATE TEMP TABLE bait_item_upload (ord int4 NOT NULL, external_id text NOT NULL, "
+                "embedding bytea NOT NULL) ON COMMIT DROP"
+            )
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._cursor is not None:
+            try:
+                if exc_type is None:
+                    self._cursor.execute("DROP TABLE bait_item_upload")
+            finally:
+                self._cursor.close()
+                self._cursor = None
+
+    def write(self, external_ids: Sequence[str], embeddings: np.ndarray) -> tuple[int, int]:
+        """Upsert one block; returns its ``(created, updated)`` (also added to the totals)."""
+        emb = np.ascontiguousarray(embeddings, dtype="<f4")
+        if self.postgresql:
+            created = self._write_postgresql(external_ids, emb)
+        else:
+            created = self._write_generic(external_ids, emb)
+        self.created += created
+        self.updated += len(external_ids) - created
+        return created, len(external_ids) - created
+
+    def _write_postgresql(self, external_ids: Sequence[str], emb: np.ndarray) -> int:
+        cur = self._cursor
+        cur.execute("TRUNCATE bait_item_upload")
         with cur.copy("COPY bait_item_upload (ord, external_id, embedding) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(["int4", "text", "bytea"])
             for i, ext in enumerate(external_ids):
-                copy.write_row((i, ext, emb[i].tobytes()))
+                copy.write_row((i, ext, emb[i].data))
         cur.execute(
             """
             WITH up AS (
@@ -129,49 +172,45 @@ def _upsert_postgresql(
             )
             SELECT count(*) FILTER (WHERE inserted) FROM up
             """,
-            {"pool": pool_id, "now": now},
+            {"pool": self.pool_id, "now": self.now},
         )
         (created,) = cur.fetchone()
-        cur.execute("DROP TABLE bait_item_upload")
-    # Every id that was not inserted existed already: it counts as updated, rewritten or not.
-    return int(created), len(external_ids) - int(created)
+        # Every id that was not inserted existed already: it counts as updated, rewritten or not.
+        return int(created)
 
-
-def _upsert_generic(
-    session: Session, pool_id: str, external_ids: Sequence[str], emb: np.ndarray, now: datetime
-) -> tuple[int, int]:
-    existing = len(internal_ids(session, pool_id, external_ids))
-    table = ITEMS
-    stmt = sqlite_insert(table)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[table.c.pool_id, table.c.external_id],
-        set_={
-            "embedding": stmt.excluded.embedding,
-            "uri": None,
-            "text": None,
-            "embedding_status": "ready",
-            "embedding_error": None,
-            "embedding_source": None,
-            "updated_at": stmt.excluded.updated_at,
-        },
-    )
-    for start in range(0, len(external_ids), _SQLITE_UPSERT_CHUNK):
-        stop = min(start + _SQLITE_UPSERT_CHUNK, len(external_ids))
-        session.execute(
-            stmt,
-            [
-                {
-                    "pool_id": pool_id,
-                    "external_id": external_ids[i],
-                    "embedding": emb[i].tobytes(),
-                    "status": "unlabeled",
-                    "created_at": now,
-                    "updated_at": now,
-                }
-                for i in range(start, stop)
-            ],
+    def _write_generic(self, external_ids: Sequence[str], emb: np.ndarray) -> int:
+        existing = len(internal_ids(self.session, self.pool_id, external_ids))
+        table = ITEMS
+        stmt = sqlite_insert(table)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[table.c.pool_id, table.c.external_id],
+            set_={
+                "embedding": stmt.excluded.embedding,
+                "uri": None,
+                "text": None,
+                "embedding_status": "ready",
+                "embedding_error": None,
+                "embedding_source": None,
+                "updated_at": stmt.excluded.updated_at,
+            },
         )
-    return len(external_ids) - existing, existing
+        for start in range(0, len(external_ids), _SQLITE_UPSERT_CHUNK):
+            stop = min(start + _SQLITE_UPSERT_CHUNK, len(external_ids))
+            self.session.execute(
+                stmt,
+                [
+                    {
+                        "pool_id": self.pool_id,
+                        "external_id": external_ids[i],
+                        "embedding": emb[i].tobytes(),
+                        "status": "unlabeled",
+                        "created_at": self.now,
+                        "updated_at": self.now,
+                    }
+                    for i in range(start, stop)
+                ],
+            )
+        return len(external_ids) - existing
 
 
 @dataclass(frozen=True)
@@ -204,16 +243,16 @@ def set_data(session: Session, pool_id: str, values: Sequence[tuple[str, dict[st
 
 def _item_columns(now: datetime, include_embedding: bool) -> list[Any]:
     cols: list[Any] = [
-        Item.id,
-        Item.external_id,
-        effective_status(now),
-        Item.label,
-        Item.batch_id,
-        Item.reserved_until,
-        Item.labeled_at,
+        Item.id.label("id"),
+        Item.external_id.label("external_id"),
+        effective_status(now).label("eff_status"),
+        Item.label.label("label"),
+        Item.batch_id.label("batch_id"),
+        Item.reserved_until.label("reserved_until"),
+        Item.labeled_at.label("labeled_at"),
+        (Item.embedding if include_embedding else literal(None)).label("embedding"),
+        Item.data.label("data"),
     ]
-    cols.append(Item.embedding if include_embedding else literal(None))
-    cols.append(Item.data)
     return cols
 
 
@@ -243,15 +282,34 @@ def page_items(
     include_embedding: bool = False,
     embedding_status: str | None = None,
 ) -> list[ItemRow]:
-    """Items of a pool in internal-id order, after internal id ``after``, at most ``limit``."""
-    q = select(*_item_columns(now, include_embedding)).where(Item.pool_id == pool_id)
-    if status is not None:
-        q = q.where(status_is(status, now))
-    if embedding_status is not None:
-        q = q.where(Item.embedding_status == embedding_status)
-    if after is not None:
-        q = q.where(Item.id > after)
-    rows = session.execute(q.order_by(Item.id).limit(limit)).all()
+    """Items of a pool in internal-id order, after internal id ``after``, at most ``limit``.
+
+    Every page is an index range whatever the pool's size (keyset pagination): ``(pool_id, id)``,
+    ``(pool_id, status, id)`` by status, the partial ``(pool_id, embedding_status, id)`` for items whose
+    embedding is not ready. ``unlabeled`` is two ranges (stored unlabeled, and reserved with an ended
+    reservation) merged by id, so a page never walks over the labeled rows between its items.
+    """
+
+    def arm(*conds: ColumnElement[bool]) -> Select[Any]:
+        q = select(*_item_columns(now, include_embedding)).where(Item.pool_id == pool_id, *conds)
+        if embedding_status is not None:
+            q = q.where(Item.embedding_status == embedding_status)
+            if embedding_status != "ready":  # lets the planner use the partial index of not-ready items
+                q = q.where(Item.embedding_status != "ready")
+        if after is not None:
+            q = q.where(Item.id > after)
+        return q.order_by(Item.id).limit(limit)
+
+    if status == "unlabeled":
+        both = union_all(
+            select(arm(Item.status == "unlabeled").subquery()),
+            select(arm(Item.status == "reserved", Item.reserved_until <= now).subquery()),
+        ).subquery()
+        rows = session.execute(select(both).order_by(both.c.id).limit(limit)).all()
+    elif status is not None:
+        rows = session.execute(arm(status_is(status, now))).all()
+    else:
+        rows = session.execute(arm()).all()
     return [_to_item_row(r) for r in rows]
 
 
