@@ -1,0 +1,117 @@
+"""A pool's content as a worker caches it: the content version, the selectable rows with their embeddings,
+and what changed since a version (migration 0008 keeps ``pools.content_version``, ``items.content_seq``
+and ``item_tombstones`` up to date with triggers).
+
+Selectable rows are the ones a batch loads: ``embedding_status = 'ready'`` and ``split = 'train'``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.store.models import Item, ItemTombstone, Pool
+
+
+def content_version(session: Session, pool_id: str) -> int | None:
+    """The pool's content version as committed now (None when the pool is gone)."""
+    value = session.execute(select(Pool.content_version).where(Pool.id == pool_id)).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+def count_changed(session: Session, pool_id: str, after: int) -> int:
+    """Rows whose content changed after version ``after`` (index ``ix_items_pool_content_seq``)."""
+    return int(
+        session.execute(
+            select(func.count()).select_from(Item).where(Item.pool_id == pool_id, Item.content_seq > after)
+        ).scalar_one()
+    )
+
+
+def iter_changed(session: Session, pool_id: str, after: int, chunk: int = 8192) -> Iterator[Sequence[Any]]:
+    """Rows changed after version ``after``, in chunks of ``(id, external_id, embedding, selectable, seq)``
+    (``selectable``: ready and in the train split; the others leave the cache)."""
+    selectable = (Item.embedding_status == "ready") & (Item.split == "train")
+    stmt = (
+        select(Item.id, Item.external_id, Item.embedding, selectable, Item.content_seq)
+        .where(Item.pool_id == pool_id, Item.content_seq > after)
+        .order_by(Item.id)
+        .execution_options(stream_results=True, yield_per=chunk)
+    )
+    yield from session.execute(stmt).partitions(chunk)
+
+
+def tombstones(session: Session, pool_id: str, after: int) -> list[tuple[int, int]]:
+    """``(item id, seq)`` of the rows deleted after version ``after``."""
+    rows = session.execute(
+        select(ItemTombstone.item_id, ItemTombstone.seq).where(
+            ItemTombstone.pool_id == pool_id, ItemTombstone.seq > after
+        )
+    ).all()
+    return [(int(r[0]), int(r[1])) for r in rows]
+
+
+def iter_selectable(
+    session: Session, pool_id: str, chunk: int = 8192, embeddings: bool = True
+) -> Iterator[Sequence[Any]]:
+    """Every selectable row of the pool ordered by id, in chunks of ``(id, external_id, embedding)``
+    (``embedding`` None throughout when ``embeddings`` is False: ids only, a fraction of the bytes).
+
+    On PostgreSQL the rows stream from a server-side cursor in binary format (``bytea`` as raw bytes).
+    """
+    conn = session.connection()
+    column = "embedding" if embeddings else "NULL::bytea"
+    if conn.dialect.name == "postgresql":
+        raw: Any = conn.connection.driver_connection
+        cursor = raw.cursor(name=f"pool_content_{uuid.uuid4().hex[:12]}", binary=True)
+        try:
+            cursor.execute(
+                f"SELECT id, external_id, {column} FROM items "
+                "WHERE pool_id = %s AND embedding_status = 'ready' AND split = 'train' ORDER BY id",
+                (pool_id,),
+            )
+            while rows := cursor.fetchmany(chunk):
+                yield rows
+        finally:
+            cursor.close()
+        return
+    emb: Any = Item.embedding if embeddings else None
+    cols = [Item.id, Item.external_id] + ([emb] if embeddings else [])
+    stmt = (
+        select(*cols)
+        .where(Item.pool_id == pool_id, Item.embedding_status == "ready", Item.split == "train")
+        .order_by(Item.id)
+        .execution_options(stream_results=True, yield_per=chunk)
+    )
+    for part in session.execute(stmt).partitions(chunk):
+        yield part if embeddings else [(r[0], r[1], None) for r in part]
+
+
+def design(session: Session, pool_id: str) -> Sequence[Any]:
+    """``(id, status, reserved_until, label)`` of the selectable rows that are labeled or reserved (live or
+    not: the caller compares ``reserved_until`` with its clock), by id (index ``ix_items_pool_status_id``)."""
+    return session.execute(
+        select(Item.id, Item.status, Item.reserved_until, Item.label)
+        .where(
+            Item.pool_id == pool_id,
+            Item.status.in_(("labeled", "reserved")),
+            Item.embedding_status == "ready",
+            Item.split == "train",
+        )
+        .order_by(Item.id)
+    ).all()
+
+
+def count_selectable(session: Session, pool_id: str) -> int:
+    """Selectable rows of the pool (ready, train split)."""
+    return int(
+        session.execute(
+            select(func.count())
+            .select_from(Item)
+            .where(Item.pool_id == pool_id, Item.embedding_status == "ready", Item.split == "train")
+        ).scalar_one()
+    )
