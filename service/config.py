@@ -36,6 +36,12 @@ class Settings(BaseSettings):
         description="largest size a bulk upload may inflate to (.npz members, Parquet columns): 413 above it, "
         "checked before inflating",
     )
+    bulk_block_bytes: int = Field(
+        default=32 * 2**20,
+        ge=4096,
+        description="bulk uploads are read, validated and written this many bytes of rows at a time (the api's "
+        "memory per upload is a few times this, whatever the file's size)",
+    )
     max_select_inflated_bytes: int = Field(
         default=2**30,
         ge=1024,
@@ -158,6 +164,30 @@ class Settings(BaseSettings):
     encoder_check_timeout_seconds: float = Field(
         default=120.0, gt=0, description="time limit of the operator check of an uploaded TorchScript encoder"
     )
+
+    # Worker pool cache (issue 15): a pool's ids and embeddings in memory-mapped files, keyed by its content version.
+    worker_cache_dir: Path | None = Field(
+        default=Path("data/worker-cache"),
+        description="folder of the workers' pool cache (shared by the worker processes of a host; relative paths "
+        "from the folder the worker starts in); empty: no cache, every batch reads its pool from the database",
+    )
+    worker_cache_max_gb: float = Field(
+        default=20.0,
+        ge=0,
+        description="largest size of the worker pool cache in GiB (least recently used pools are removed; "
+        "a pool larger than this is read uncached); 0: no cache",
+    )
+
+    @field_validator("worker_cache_dir", mode="before")
+    @classmethod
+    def _empty_cache_dir_is_off(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("worker_cache_dir")
+    @classmethod
+    def _absolute_cache_dir(cls, v: Path | None) -> Path | None:
+        # Resolved once, like the SQLite path, so every thread and log line names the same folder.
+        return None if v is None else v.expanduser().resolve()
 
     @field_validator("rate_limit", "rate_limit_expensive")
     @classmethod

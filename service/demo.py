@@ -108,6 +108,19 @@ class Demo:
         return n
 
 
+def seed_set(selectable: list[str], truth: dict[str, str], n_seed: int, rng: np.random.Generator) -> list[str]:
+    """``n_seed`` random items with at least 2 of each class (``n_seed >= 20``), so that round 1 trains a head
+    and runs the requested strategy rather than the cold start (``service.domain.coldstart``)."""
+    by_class: dict[str, list[str]] = {}
+    for i in selectable:
+        by_class.setdefault(truth[i], []).append(i)
+    chosen = [c for ids in by_class.values() for c in rng.choice(ids, size=min(2, len(ids)), replace=False).tolist()]
+    taken = set(chosen)
+    rest = [i for i in selectable if i not in taken]
+    extra = max(0, n_seed - len(chosen))
+    return chosen + [rest[i] for i in rng.choice(len(rest), size=extra, replace=False)]
+
+
 def run_loop(
     http: httpx.Client,
     *,
@@ -146,9 +159,9 @@ def run_loop(
         up = demo.call("POST", f"/v1/pools/{pool_id}/items:bulk", content=buf.getvalue())
         demo.say(f"uploaded {up['created']} items in one .npz request; {len(heldout)} of them measure accuracy")
         rng = np.random.default_rng(seed)
-        seed_ids = [selectable[i] for i in rng.choice(len(selectable), size=n_seed, replace=False)]
+        seed_ids = seed_set(selectable, truth, n_seed, rng)
         labeled = set(seed_ids)
-        demo.say(f"labeled a random seed set of {demo.label(pool_id, seed_ids, truth)} items")
+        demo.say(f"labeled a random seed set of {demo.label(pool_id, seed_ids, truth)} items, at least 2 per class")
         for r in range(1, rounds + 1):
             req = {"size": batch_size, "strategy": strategy, "params": {"seed": seed + r}}
             created = demo.call("POST", f"/v1/pools/{pool_id}/batches", json=req)

@@ -130,10 +130,17 @@ def queue_name() -> str:
     return f"bait-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+@pytest.fixture(scope="session")
+def worker_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The workers' pool cache of this test session (pools have unique ids, so tests can share it)."""
+    return tmp_path_factory.mktemp("worker-cache")
+
+
 @pytest.fixture
-def settings(database_url: str, queue_name: str) -> Settings:
+def settings(database_url: str, queue_name: str, worker_cache_dir: Path) -> Settings:
     return Settings(
         database_url=database_url,
+        worker_cache_dir=worker_cache_dir,
         redis_url=REDIS_URL,
         queue_name=queue_name,
         print_bootstrap_key=False,

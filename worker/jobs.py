@@ -39,11 +39,12 @@ from selection.errors import SelectionError
 from selection.heads import HeadConfig, TrainedHead, load_checkpoint, save_checkpoint, train_head
 from selection.heads import predict as head_predict
 from service.db import session_scope
+from service.domain import coldstart
 from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
-from worker import context, quality
+from worker import context, pool_cache, quality
 from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
 
 log = logging.getLogger(__name__)
@@ -330,7 +331,9 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
     timings: dict[str, float] = {"queued": spec.queued_for}
     t0 = time.perf_counter()
 
-    # load
+    # load: from the worker's pool cache when it has one (memory-mapped, refreshed from the rows that changed);
+    # a strategy that reads no embeddings (random) loads ids only
+    needs_model = bool(selection.STRATEGIES[spec.strategy].inputs)
     with session_scope(factory) as s:
         pool = s.get(Pool, spec.pool_id)
         if pool is None:
@@ -338,15 +341,19 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         config = head_config(pool)
         task = pool.task
         classes = list(pool.classes or []) if task == "classification" else None
-        data = load_pool(s, pool, utcnow(), progress=tracker.callback)
+        cache = pool_cache.for_settings(context.env().settings)
+        data = load_pool(s, pool, utcnow(), progress=tracker.callback, cache=cache, embeddings=needs_model)
     tracker.write(data.n, data.n)
     timings["load"] = time.perf_counter() - t0
 
+    strategy, cold = cold_start_choice(spec.strategy, spec.params, task, classes, data)
+    if cold is not None:
+        log.info("batch %s: cold start (%s): %s instead of %s", spec.batch_id, cold.rule, strategy, spec.strategy)
     trained: TrainedHead | None = None
     assessed: quality.Quality | None = None
-    features: Any = data.X
+    features: Any = selection_inputs(data, needs_model)
     probs: Any = None
-    if selection.STRATEGIES[spec.strategy].inputs:
+    if selection.STRATEGIES[strategy].inputs and strategy not in coldstart.MODEL_FREE:
         # train: from scratch on the labeled rows, seeded per batch
         t = time.perf_counter()
         tracker.stage("train", 0, config.max_epochs)
@@ -368,12 +375,16 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         t = time.perf_counter()
         assessed = quality.assess(factory, spec.pool_id, trained, classes)
         timings["validate"] = time.perf_counter() - t
-    # else: the strategy reads no model output (random): no head is trained, no checkpoint stored.
+    # else: the strategy reads no model output (random; typiclust and kmeanspp, which read the pool's own
+    # embeddings, and a cold start): no head is trained, no checkpoint stored.
 
     # Select and reserve under the pool's selection lock, in one transaction: read the design as it is
     # now (labels and reservations committed since the load), select around it, reserve, commit. The
     # next batch on the pool selects only after that commit, so a batch runs its selection once.
-    params = {k: v for k, v in spec.params.items() if k != "seed"}
+    params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
+    chosen: dict[str, Any] = {"strategy_requested": spec.strategy, "strategy_used": strategy, "cold_start": None}
+    if cold is not None:
+        chosen.update(cold_start=cold.as_dict(), note=coldstart.note(spec.strategy, strategy, cold))
     timings.update(lock_wait=0.0, select=0.0, store=0.0)
     for run in range(1, RESERVE_ATTEMPTS + 1):
         t = time.perf_counter()
@@ -389,7 +400,7 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
                 # New labels since training are not trained on; they count as in the design (reserved).
                 reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), data.labeled)
                 result = selection.select(
-                    spec.strategy,
+                    strategy,
                     embeddings=features,
                     probs=probs,
                     labeled=data.labeled,
@@ -409,7 +420,18 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
                 t = time.perf_counter()
                 tracker.stage("store", 0, spec.size)
                 _store_batch(
-                    s, spec, data, trained, result, timings, run, ttl_s, (t0, t), int(reserved.shape[0]), assessed
+                    s,
+                    spec,
+                    data,
+                    trained,
+                    result,
+                    timings,
+                    run,
+                    ttl_s,
+                    (t0, t),
+                    int(reserved.shape[0]),
+                    assessed,
+                    chosen,
                 )
             return
         except ReservationConflict:
@@ -420,6 +442,27 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
         "concurrent batches kept taking the chosen items"
     )
+
+
+def selection_inputs(data: PoolArrays, needs_model: bool) -> Any:
+    """The embeddings handed to the strategy: the pool's, or for a strategy that reads none (random, which
+    counts rows only) one column of zeros, so its validation does not scan an ``n x d`` matrix."""
+    return data.X if needs_model else np.zeros((data.n, 1), dtype=np.float32)
+
+
+def cold_start_choice(
+    requested: str, params: dict[str, Any], task: str, classes: list[str] | None, data: PoolArrays
+) -> tuple[str, coldstart.ColdStart | None]:
+    """The strategy a batch runs: the requested one, or the cold-start strategy when the requested one needs a
+    model, the pool has too few labels for one (:func:`service.domain.coldstart.decide`) and the request did not
+    opt out with ``params.cold_start = false``."""
+    if params.get(coldstart.PARAM) is False or not coldstart.is_model_based(selection.STRATEGIES[requested].inputs):
+        return requested, None
+    counts = None
+    if task == "classification":
+        counts = np.bincount(data.y.astype(np.int64), minlength=len(classes or [])).tolist()
+    decision = coldstart.decide(task, int(data.labeled.shape[0]), counts, classes)
+    return (requested, None) if decision is None else (coldstart.COLD_START_STRATEGY[task], decision)
 
 
 _POOL_LOCKS: dict[str, threading.Lock] = {}
@@ -461,6 +504,7 @@ def _store_batch(
     started: tuple[float, float],
     n_reserved: int,
     assessed: quality.Quality | None = None,
+    chosen: dict[str, Any] | None = None,
 ) -> None:
     """Reserve the chosen items and write checkpoint + result in ``s``'s transaction (all or nothing)."""
     rows = np.asarray(result.indices, dtype=np.int64)
@@ -498,10 +542,13 @@ def _store_batch(
         "objective": result.objective,
         "diagnostics": _jsonable(
             {
+                # which strategy ran (a cold start replaces a model-based one: see service.domain.coldstart)
+                **(chosen or {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None}),
                 "timings": timings,
                 "selection": result.diagnostics,
                 "head": None if trained is None else dict(trained.metrics),
                 "n_pool": data.n,
+                "pool_cache": data.cache,
                 "n_labeled": int(data.labeled.shape[0]),
                 "n_reserved_by_others": n_reserved,
                 "selection_runs": run,

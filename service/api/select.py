@@ -38,8 +38,16 @@ class StrategyOut(BaseModel):
     )
 
 
+_cold_start_doc = strategies.cold_start_doc  # (the field `strategies` shadows the module in the class body)
+
+
 class StrategyList(BaseModel):
     strategies: list[StrategyOut]
+    cold_start: dict[str, Any] = Field(
+        default_factory=_cold_start_doc,
+        description="when a pool batch of a model-based strategy runs a model-free one instead (too few labels), "
+        "and how to opt out",
+    )
 
 
 class SelectOut(BaseModel):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import zipfile
 from collections.abc import Iterable
+from tokenize import TokenError
 from typing import IO
 
 import numpy as np
@@ -27,7 +28,7 @@ from service.errors import BadRequest, InvalidFile, PayloadTooLarge
 _READ_CHUNK = 8 * 2**20
 
 
-def _too_large(what: str, size: int, budget: int) -> PayloadTooLarge:
+def too_large(what: str, size: int, budget: int) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"{what} inflates to {size:,} bytes, above the limit of {budget:,} bytes",
         {"limit_bytes": budget, "inflated_bytes": size},
@@ -72,7 +73,7 @@ def read_npz(
         wanted = list(members) if names is None else [n for n in names if n in members]
         declared = sum(members[n].file_size for n in wanted)
         if declared > budget:
-            raise _too_large("the .npz", declared, budget)
+            raise too_large("the .npz", declared, budget)
         out: dict[str, np.ndarray] = {}
         used = 0
         for name in wanted:
@@ -80,7 +81,7 @@ def read_npz(
             try:
                 with zf.open(info) as fp:
                     out[name] = _read_npy(fp, name, budget - used, error)
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError, SyntaxError, TokenError) as exc:
                 raise error(f"cannot read array {name!r} of the .npz: {exc}") from exc
             used += out[name].nbytes
     return out
@@ -98,7 +99,7 @@ def _read_npy(fp: IO[bytes], name: str, budget: int, error: type[BadRequest]) ->
         raise error(f"array {name!r} holds Python objects (pickles are refused); save strings as a str dtype")
     nbytes = math.prod(int(s) for s in shape) * dtype.itemsize  # Python ints: (2**40, 64) does not overflow
     if nbytes > budget:
-        raise _too_large(f"array {name!r} (shape {list(shape)}, {dtype})", nbytes, budget)
+        raise too_large(f"array {name!r} (shape {list(shape)}, {dtype})", nbytes, budget)
     buf = bytearray(nbytes)
     view = memoryview(buf)
     got = 0
@@ -131,14 +132,14 @@ def read_parquet_columns(fileobj: IO[bytes], columns: list[str], *, budget: int)
             meta.row_group(g).column(i).total_uncompressed_size for g in range(meta.num_row_groups) for i in wanted
         )
         if declared > budget:
-            raise _too_large("the Parquet file", declared, budget)
+            raise too_large("the Parquet file", declared, budget)
         tables = []
         used = 0
         for g in range(meta.num_row_groups):
             table = pf.read_row_group(g, columns=columns)
             used += table.nbytes
             if used > budget:  # footers can lie: count what was really decoded
-                raise _too_large("the Parquet file", used, budget)
+                raise too_large("the Parquet file", used, budget)
             tables.append(table)
     except (InvalidFile, PayloadTooLarge):
         raise

@@ -45,7 +45,7 @@ class BatchRequest:
 
 def validate_request(session: Session, pool: Pool, req: BatchRequest, now: datetime) -> tuple[int, str, dict[str, Any]]:
     """``(size, strategy, params)`` of a valid request; BadRequest with a clear message otherwise."""
-    spec, params = strategies.check_request(req.strategy, pool.task, req.params, pool.embedding_dim)
+    spec, params = strategies.check_request(req.strategy, pool.task, req.params, pool.embedding_dim, batch=True)
     size = req.size
     if isinstance(size, bool) or not isinstance(size, int):
         raise BadRequest(f"size must be an integer, got {size!r}")

@@ -48,7 +48,10 @@ def check_predictions(session: Session, settings: Settings, tenant_id: str, pool
             f"{len(missing)} item id(s) not in pool {pool_id!r}: {missing[:10]}", details={"missing": missing[:100]}
         )
     if store.latest_checkpoint_id(session, pool.id) is None:
-        raise Conflict("the pool has no trained model yet: request a batch first (each batch trains one)")
+        raise Conflict(
+            "the pool has no trained model yet: request a batch first (each batch of a model-based strategy trains "
+            "one, except a cold start: see cold_start in GET /v1/strategies)"
+        )
     return pool.id
 
 

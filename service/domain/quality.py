@@ -98,7 +98,7 @@ def _strategy_before(batches: Sequence[Any], created: datetime | None) -> tuple[
         if b.created_at >= created:
             break
         if b.status == "succeeded":
-            best = (b.id, b.strategy)
+            best = (b.id, getattr(b, "strategy_used", None) or b.strategy)  # what ran (cold start: typiclust)
     return best
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.domain import coldstart
 from service.errors import BadRequest
 
 CLASSIFICATION = ("classification",)
@@ -74,7 +75,7 @@ CATALOG: dict[str, StrategySpec] = {
             approx_dim=("int | None", None),
             approx_classes=("int | None", None),
             prefilter=("Any", None),
-            time_budget_s=("float", 600.0),
+            time_budget_s=("float", 60.0),
             fisher_weights=("Any", None),
             max_memory_gb=("float", 8.0),
         ),
@@ -115,6 +116,27 @@ CATALOG: dict[str, StrategySpec] = {
         ),
         _spec("margin", CLASSIFICATION, "Margin: smallest gap between the top two probabilities", ("probs",)),
         _spec("random", BOTH, "Uniform sampling without replacement", ()),
+        # Cold start (service.domain.coldstart): model-free, on the pool's embeddings.
+        _spec(
+            "typiclust",
+            BOTH,
+            "TypiClust: the most typical candidate of each of B (+ labeled) k-means clusters, uncovered "
+            "clusters first (model-free cold start)",
+            ("embeddings",),
+            max_clusters=("int", 500),
+            knn=("int", 20),
+            min_cluster_size=("int", 5),
+            kmeans_iters=("int", 50),
+            kmeans_sample=("int", 20000),
+            max_typicality_points=("int", 2000),
+        ),
+        _spec(
+            "kmeanspp",
+            BOTH,
+            "k-means++ seeding on the embeddings, distances to labeled, reserved and chosen rows "
+            "(model-free cold start)",
+            ("embeddings",),
+        ),
     )
 }
 
@@ -125,6 +147,11 @@ def names() -> list[str]:
 
 def names_for(task: str) -> list[str]:
     return sorted(n for n, s in CATALOG.items() if task in s.tasks)
+
+
+def cold_start_doc() -> dict[str, Any]:
+    """The cold-start rule for ``GET /v1/strategies`` (which strategies it replaces, when, by what)."""
+    return coldstart.describe([n for n, s in CATALOG.items() if coldstart.is_model_based(s.inputs)])
 
 
 def get(name: Any) -> StrategySpec:
@@ -176,8 +203,12 @@ def _literal_values(part: str) -> tuple[Any, ...]:
     return tuple(inner)
 
 
-def check_request(name: Any, task: str, params: Any, dim: int | None = None) -> tuple[StrategySpec, dict[str, Any]]:
+def check_request(
+    name: Any, task: str, params: Any, dim: int | None = None, *, batch: bool = False
+) -> tuple[StrategySpec, dict[str, Any]]:
     """Validate a strategy request for a task; returns the spec and the parameters.
+
+    ``batch``: a pool batch, where ``params.cold_start`` (:mod:`service.domain.coldstart`) is also valid.
 
     Raises:
         BadRequest: unknown strategy (lists the valid ones), strategy not for ``task`` (lists those that
@@ -195,6 +226,13 @@ def check_request(name: Any, task: str, params: Any, dim: int | None = None) -> 
         params = {}
     if not isinstance(params, Mapping):
         raise BadRequest(f"params must be an object, got {type(params).__name__}")
+    params_in = params
+    if coldstart.PARAM in params:
+        coldstart.check_param(params[coldstart.PARAM], spec.name, spec.inputs, batch=batch)
+        params = {k: v for k, v in params.items() if k != coldstart.PARAM}
+        cold: dict[str, Any] = {coldstart.PARAM: params_in[coldstart.PARAM]}
+    else:
+        cold = {}
     allowed = {**{k: p.annotation for k, p in spec.params.items()}, **{k: a for k, (a, _) in COMMON_PARAMS.items()}}
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -236,7 +274,7 @@ def check_request(name: Any, task: str, params: Any, dim: int | None = None) -> 
             f"got {approx_dim}",
             details={"param": "approx_dim"},
         )
-    return spec, dict(params)
+    return spec, {**params, **cold}
 
 
 SEED_MAX = 2**63 - 1  # seeds are stored as signed 64-bit integers and fed to torch/numpy generators
@@ -278,7 +316,22 @@ def _value_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | Non
             return "must be an integer >= 1 (and below the number of classes)"
     if key == "prefilter":
         return _prefilter_problem(value)
+    if key in COLD_START_LIMITS:
+        lo, hi = COLD_START_LIMITS[key]
+        if not lo <= value <= hi:
+            return f"must be an integer in [{lo}, {hi}]"
     return None
+
+
+# typiclust's integer parameters: the library's minimum, and a ceiling that keeps one job's time bounded.
+COLD_START_LIMITS: dict[str, tuple[int, int]] = {
+    "max_clusters": (1, 10_000),
+    "knn": (1, 1_000),
+    "min_cluster_size": (1, 1_000_000),
+    "kmeans_iters": (1, 1_000),
+    "kmeans_sample": (1, 1_000_000),
+    "max_typicality_points": (2, 20_000),
+}
 
 
 def _prefilter_problem(value: Any) -> str | None:
@@ -304,7 +357,7 @@ def _prefilter_problem(value: Any) -> str | None:
 
 
 def split_seed(params: Mapping[str, Any]) -> tuple[int | None, dict[str, Any]]:
-    """``(seed, strategy params)`` from validated request params."""
-    rest = {k: v for k, v in params.items() if k not in COMMON_PARAMS}
+    """``(seed, strategy params)`` from validated request params (service-level ones removed)."""
+    rest = {k: v for k, v in params.items() if k not in COMMON_PARAMS and k != coldstart.PARAM}
     seed = params.get("seed")
     return (None if seed is None else int(seed)), rest

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, delete, func, or_, select, update
+from sqlalchemy import Table, and_, delete, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from service.store import counts as counts_repo
 from service.store.attempts import start_attempt, touch_attempt
 from service.store.items import internal_ids
 from service.store.models import EmbedJob, EncoderModel, Item, Pool
@@ -105,26 +106,12 @@ def mark_pending(session: Session, pool_id: str, *, only_errors: bool, now: date
 
 
 def count_pending(session: Session, pool_id: str) -> int:
-    return int(
-        session.execute(
-            select(func.count()).select_from(Item).where(Item.pool_id == pool_id, Item.embedding_status == "pending")
-        ).scalar_one()
-    )
+    return count_embedding_status(session, [pool_id])[pool_id].get("pending", 0)
 
 
 def count_embedding_status(session: Session, pool_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-    """``{pool_id: {"ready", "pending", "error"}}``, zeros included."""
-    out = {pid: dict.fromkeys(EMBEDDING_STATUSES, 0) for pid in pool_ids}
-    if not pool_ids:
-        return out
-    rows = session.execute(
-        select(Item.pool_id, Item.embedding_status, func.count())
-        .where(Item.pool_id.in_(list(pool_ids)))
-        .group_by(Item.pool_id, Item.embedding_status)
-    ).all()
-    for pool_id, status, n in rows:
-        out[pool_id][status] = out[pool_id].get(status, 0) + int(n)
-    return out
+    """``{pool_id: {"ready", "pending", "error"}}``, zeros included (``service.store.counts``)."""
+    return counts_repo.by_embedding_status(session, pool_ids, EMBEDDING_STATUSES)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import (
+    text as sql_text,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -113,6 +116,9 @@ class Pool(Base):
     head: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"kind": "linear"|"mlp", ...}
     encoder: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # data references (later)
     validation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {"fraction", "seed"}: incoming labels held out
+    # Bumped by the database (triggers, migration 0008) whenever an item's id, embedding, embedding status or
+    # split changes, or an item is added or deleted: what a worker's pool cache is keyed by.
+    content_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
@@ -121,9 +127,20 @@ class Item(Base):
     __tablename__ = "items"
     __table_args__ = (
         UniqueConstraint("pool_id", "external_id"),
-        Index("ix_items_pool_status", "pool_id", "status"),
+        # Keyset pages (ordered by id) are index ranges: all items, by stored status, not-ready embeddings.
+        Index("ix_items_pool_id", "pool_id", "id"),
+        Index("ix_items_pool_status_id", "pool_id", "status", "id"),
+        Index(
+            "ix_items_pool_embedding_status",
+            "pool_id",
+            "embedding_status",
+            "id",
+            postgresql_where=sql_text("embedding_status <> 'ready'"),
+            sqlite_where=sql_text("embedding_status <> 'ready'"),
+        ),
         Index("ix_items_batch", "batch_id"),
         Index("ix_items_pool_split", "pool_id", "split", "status"),
+        Index("ix_items_pool_content_seq", "pool_id", "content_seq"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
@@ -147,6 +164,21 @@ class Item(Base):
     labeled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    # The pool's content_version at which this row last changed (set by the database's triggers, never by code).
+    content_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class ItemTombstone(Base):
+    """A deleted item of a pool that still exists, with the pool's content_version of its deletion (written by
+    the database's delete trigger), so a worker's cache drops the row."""
+
+    __tablename__ = "item_tombstones"
+    __table_args__ = (Index("ix_item_tombstones_pool_seq", "pool_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(BigInteger)
+    seq: Mapped[int] = mapped_column(BigInteger)
 
 
 class Label(Base):
@@ -162,6 +194,22 @@ class Label(Base):
     annotator: Mapped[str | None] = mapped_column(String(200))
     deleted: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class PoolItemCount(Base):
+    """How many items of a pool have each ``(split, status, embedding_status)``: written only by the database's
+    triggers on ``items`` (migration 0007), read through ``service.store.counts``. On PostgreSQL a key has
+    several rows (signed deltas, summed by readers and folded now and then); on SQLite one."""
+
+    __tablename__ = "pool_item_counts"
+    __table_args__ = (Index("ix_pool_item_counts_key", "pool_id", "split", "status", "embedding_status"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"))
+    split: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    embedding_status: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(BigInteger)
 
 
 class Batch(Base):

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Text, cast, func, select, update
 from sqlalchemy.orm import Session
 
+from service.store import counts as counts_repo
 from service.store.items import effective_status
 from service.store.models import Batch, Checkpoint, CheckpointMap, Item, Label
 
@@ -53,20 +54,8 @@ def splits_of(session: Session, item_ids: Sequence[int]) -> dict[int, str]:
 
 def count_validation(session: Session, pool_ids: Sequence[str]) -> dict[str, dict[str, int]]:
     """``{pool_id: {"validation", "validation_labeled"}}``: items in the validation split, and how many
-    of them carry a label (only those score the heads)."""
-    out = {pid: {"validation": 0, "validation_labeled": 0} for pid in pool_ids}
-    if not pool_ids:
-        return out
-    rows = session.execute(
-        select(Item.pool_id, Item.status, func.count())
-        .where(Item.pool_id.in_(list(pool_ids)), Item.split == "validation")
-        .group_by(Item.pool_id, Item.status)
-    ).all()
-    for pid, status, n in rows:
-        out[pid]["validation"] += int(n)
-        if status == "labeled":
-            out[pid]["validation_labeled"] += int(n)
-    return out
+    of them carry a label (only those score the heads); from ``service.store.counts``."""
+    return counts_repo.validation(session, pool_ids)
 
 
 def validation_rows(session: Session, pool_id: str) -> Sequence[Any]:
@@ -106,9 +95,11 @@ def curve_rows(session: Session, pool_id: str) -> Sequence[Any]:
 
 
 def batch_history(session: Session, pool_id: str) -> Sequence[Any]:
-    """``(id, strategy, size, status, created_at)`` of the pool's batches, oldest first."""
+    """``(id, strategy, size, status, created_at, strategy_used)`` of the pool's batches, oldest first
+    (``strategy_used``: what ran, from the diagnostics; a cold start replaces the requested strategy)."""
+    used = Batch.diagnostics["strategy_used"].as_string().label("strategy_used")
     return session.execute(
-        select(Batch.id, Batch.strategy, Batch.size, Batch.status, Batch.created_at)
+        select(Batch.id, Batch.strategy, Batch.size, Batch.status, Batch.created_at, used)
         .where(Batch.pool_id == pool_id)
         .order_by(Batch.created_at, Batch.id)
     ).all()

@@ -130,3 +130,69 @@ def test_device_agreement_smoke_compares_with_the_cpu_baseline() -> None:
             assert "no CUDA device" in c[2]
         elif c[1].startswith("cuda float64"):
             assert c[4] == "yes", c
+
+
+def test_upload_scale_smoke_uploads_in_blocks_and_times_the_reads() -> None:
+    """bench/upload_scale.py at its smoke size: uploads through real uvicorn processes (the baseline being the
+    code of HEAD, extracted with git archive) with several blocks each, the peak RSS of the api, and the reads
+    on the pool (counts from pool_item_counts, the GROUP BY of before, item pages)."""
+    args = [str(ROOT / "bench" / "upload_scale.py"), "--smoke", "--baseline-ref", "HEAD"]
+    url = os.environ.get("BAIT_TEST_DATABASE_URL")
+    if url:
+        args += ["--admin-url", url]
+    out = _run(args)
+    assert ("PostgreSQL" if url else "SQLite") in out
+    uploads = [line for line in out.splitlines() if line.startswith("| @HEAD") or line.startswith("| this tree")]
+    assert len(uploads) == 3, out
+    for line in uploads:
+        _, rows, dim, seconds, rate, peak_mb, _load = (c.strip() for c in line.strip().strip("|").split("|"))
+        assert int(rows.replace(",", "")) in (1000, 3000) and dim == "16", line
+        assert all(math.isfinite(float(v.replace(",", ""))) and float(v.replace(",", "")) > 0 for v in (seconds, rate))
+        assert 50 < float(peak_mb) < 4000, line
+    rows = _table(out)
+    for name in ("GET pool (counts)", "GET items, last page (cursor)", "GET items ?status=unlabeled, first page"):
+        median_ms, worst_ms = rows[name]
+        assert 0 < float(median_ms) <= float(worst_ms), (name, rows[name])
+
+
+def test_pool_cache_smoke_serves_warm_batches_without_reading_the_pool() -> None:
+    """bench/pool_cache.py at its smoke size: every row ran a real batch job; warm rows read nothing of the pool,
+    the small changes were refreshed from the changed rows only, and the baseline read every row."""
+    args = [str(ROOT / "bench" / "pool_cache.py"), "--smoke", "--strategies", "random,margin"]
+    url = os.environ.get("BAIT_TEST_DATABASE_URL")
+    if url:
+        args += ["--database-url", url]
+    out = _run(args)
+    assert ("PostgreSQL" if url else "SQLite") in out
+    rows = _table(out)
+    for name, cells in rows.items():
+        if name == "batch":
+            continue
+        seconds, load, peak = float(cells[0]), float(cells[1]), float(cells[4])
+        assert math.isfinite(seconds) and 0 < load <= seconds and peak > 0, (name, cells)
+    assert rows["random before (whole pool read per batch)"][2:4] == ["uncached", "3,000"]
+    assert rows["random cold (empty cache)"][2] == "ids" and rows["margin cold (empty cache)"][2] == "cold"
+    for strategy in ("random", "margin"):
+        assert rows[f"{strategy} warm (pool unchanged)"][2:4] == ["hit", "0"]
+    assert rows["random warm after +1,000 rows"][2:4] == ["append", "1,000"]
+    assert rows["random warm after 10 updated"][2:4] == ["patch", "10"]
+    assert rows["random warm after 10 moved out"][2:4] == ["merge", "10"]
+    assert rows["load fill again (pool unchanged, no batch)"][2:4] == ["hit", "0"]
+
+
+def test_service_many_classes_smoke_times_random_and_bait_with_their_plans() -> None:
+    args = [str(ROOT / "bench" / "service_many_classes.py"), "--smoke"]
+    url = os.environ.get("BAIT_TEST_DATABASE_URL")
+    if url:
+        args += ["--database-url", url]
+    out = _run(args)
+    assert ("PostgreSQL" if url else "SQLite") in out
+    rows = _table(out)
+    assert {"random (baseline)", "bait, default plan", "bait, approx=topc"} <= set(rows), out
+    for name in ("random (baseline)", "bait, default plan", "bait, approx=topc"):
+        seconds = float(rows[name][0])
+        assert math.isfinite(seconds) and seconds > 0, (name, rows[name])
+    # The plan the service ran is the one its diagnostics name: exact by default, top-c when asked.
+    assert rows["bait, default plan"][9].startswith("exact,") and "k=6" in rows["bait, default plan"][9], out
+    assert rows["bait, approx=topc"][9].startswith("topc, classes="), out
+    assert rows["random (baseline)"][8] == "-"

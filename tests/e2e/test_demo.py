@@ -48,7 +48,7 @@ def test_demo_runs_the_loop_prints_each_round_and_deletes_its_pool(
     assert lines[0].startswith("data: scikit-learn's digits, 260 images")
     assert lines[1].startswith("created pool digits-demo-")
     assert lines[2] == "uploaded 260 items in one .npz request; 60 of them measure accuracy"
-    assert lines[3] == "labeled a random seed set of 20 items"
+    assert lines[3] == "labeled a random seed set of 20 items, at least 2 per class"
     for r in (1, 2, 3):
         at = lines.index(next(line for line in lines if line.startswith(f"round {r}: bait picked 5 items")))
         assert f"trained on {20 + 5 * (r - 1)} labels: accuracy {accuracies[r - 1]:.3f}" in lines[at + 1]

@@ -133,7 +133,7 @@ def test_batch_rejects_strategy_not_for_pool_task(
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
         "strategy 'margin' supports classification, not regression; "
-        "strategies for regression: bait, bait_nofisher, coreset, random"
+        "strategies for regression: bait, bait_nofisher, coreset, kmeanspp, random, typiclust"
     )
     assert count_rows(db, Batch) == 0
 
@@ -225,8 +225,10 @@ def test_failed_job_records_selection_error_verbatim_and_reserves_nothing(
 ) -> None:
     pool = make_pool(db, n=60, n_labeled=5)
     keep = reserve(db, pool.pool_id, pool.external_ids[10:15], seconds=3600)
-    # A memory budget the web process accepts but the library's memory model refuses: only the job can tell.
-    created = post_batch(client, auth, pool.pool_id, size=5, strategy="bait", params={"max_memory_gb": 1e-9}).json()
+    # A memory budget the web process accepts but the library's memory model refuses: only the job can tell
+    # (5 labels are a cold start: opt out, so that BAIT itself runs).
+    params = {"max_memory_gb": 1e-9, "cold_start": False}
+    created = post_batch(client, auth, pool.pool_id, size=5, strategy="bait", params=params).json()
     run_jobs()
     batch = get_batch(client, auth, pool.pool_id, created["id"])
     assert batch["status"] == "failed"
@@ -311,7 +313,8 @@ def _pool_through_the_api(client: TestClient, auth: dict[str, str], name: str) -
     pool_id: str = r.json()["id"]
     items = [{"id": f"x{i:03d}", "embedding": X[i].tolist()} for i in range(90)]
     assert client.post(f"/v1/pools/{pool_id}/items", json={"items": items}, headers=auth).status_code == 200
-    labels = [{"item_id": f"x{i:03d}", "label": "abc"[y[i]]} for i in range(0, 90, 9)]
+    # every 7th item: 13 labels, at least 4 per class (not a cold start, so BAIT runs on a trained head)
+    labels = [{"item_id": f"x{i:03d}", "label": "abc"[y[i]]} for i in range(0, 90, 7)]
     assert client.put(f"/v1/pools/{pool_id}/labels", json={"labels": labels}, headers=auth).status_code == 200
     return pool_id
 

@@ -49,3 +49,15 @@ def test_the_compose_environment_without_a_secret_key_starts_and_agrees_on_one_k
     check_secret_key(api)  # no SecretKeyError: the api starts
     check_secret_key(worker)
     assert decrypt(worker, encrypt(api, "token")) == "token"
+
+
+def test_workers_share_the_pool_cache_in_one_volume_the_image_makes_writable() -> None:
+    data = compose()
+    worker = data["services"]["worker"]
+    cache_dir = worker["environment"]["BAIT_WORKER_CACHE_DIR"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in worker["volumes"]}
+    assert mounts.get(cache_dir) == "workercache" and "workercache" in data["volumes"]
+    assert Settings(worker_cache_dir=cache_dir).worker_cache_dir == Path(cache_dir)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert cache_dir in dockerfile.split("mkdir -p", 1)[1].split("\n")[0]
+    assert cache_dir in dockerfile.split("chown bait", 1)[1].split("&&")[0]

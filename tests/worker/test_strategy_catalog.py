@@ -52,7 +52,9 @@ def test_check_request_accepts_defaults_of_every_strategy() -> None:
 def test_check_request_names_valid_choices() -> None:
     with pytest.raises(BadRequest, match=r"valid strategies: .*bait.*random"):
         strategies.check_request("fancy", "classification", {})
-    with pytest.raises(BadRequest, match=r"strategies for regression: bait, bait_nofisher, coreset, random$"):
+    with pytest.raises(
+        BadRequest, match=r"strategies for regression: bait, bait_nofisher, coreset, kmeanspp, random, typiclust$"
+    ):
         strategies.check_request("margin", "regression", {})
     with pytest.raises(BadRequest, match=r"valid parameters: .*oversample.*seed"):
         strategies.check_request("bait", "classification", {"oversampel": 2})
