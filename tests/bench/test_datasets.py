@@ -155,7 +155,7 @@ def test_frame_features_one_hot_and_binary_columns() -> None:
 
 def test_load_names_the_fetch_command_until_fetched_then_round_trips(cache: Path) -> None:
     assert not bd.available("wine")
-    with pytest.raises(bd.DatasetNotCached, match=r"python -m bench\.datasets fetch wine"):
+    with pytest.raises(bd.DatasetNotCached, match=r"python -m bench\.suite fetch wine"):
         bd.load("wine")
     with pytest.raises(KeyError, match="unknown dataset"):
         bd.load("no-such-set")
