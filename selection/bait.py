@@ -237,13 +237,15 @@ class _Workers:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # BLAS first: threadpoolctl's restore also resets the OpenMP pool (torch's libgomp) to what it was
+        # when the limit was taken (1), so restoring torch's threads before it left the caller at 1 thread.
+        if self.blas is not None:
+            self.blas.restore_original_limits()
+            self.blas = None
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
             torch.set_num_threads(self.saved)
-        if self.blas is not None:
-            self.blas.restore_original_limits()
-            self.blas = None
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         """``fn`` over ``items`` (in order of ``items`` for the results); serial with one thread."""

@@ -28,6 +28,18 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="address `bait serve` binds to")
     port: int = Field(default=8000, ge=1, le=65535, description="port `bait serve` listens on")
     device: str = Field(default="auto", description="worker device: auto (CUDA when present), cpu, cuda, cuda:N")
+    job_threads: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="torch threads for a job's head training, forward passes and validation (the selection keeps "
+        "its own): small ops run faster on one thread than on an oversubscribed OpenMP pool",
+    )
+    warm_up: bool = Field(
+        default=True,
+        description="a worker (and the in-process runner) trains a tiny head once at start, so the first batch does "
+        "not pay torch's start-up (~3 s on a 2-core CPU)",
+    )
     max_json_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest JSON request body")
     max_upload_bytes: int = Field(default=2 * 2**30, ge=1024, description="largest bulk upload (.npy/.npz/Parquet)")
     max_upload_inflated_bytes: int = Field(

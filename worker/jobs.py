@@ -44,7 +44,7 @@ from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
-from worker import context, pool_cache, quality
+from worker import context, pool_cache, quality, threads
 from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,11 @@ def utcnow() -> datetime:
 
 
 def configure(settings: Any) -> None:
-    """Runner start hook: importing this module loads the numerics; then point jobs at ``settings``."""
+    """Runner start hook: importing this module loads the numerics; then point jobs at ``settings`` and warm
+    up head training (once per process, unless ``BAIT_WARM_UP=false``)."""
     context.configure(settings)
+    if settings.warm_up:
+        threads.warm_up(settings.job_threads)
 
 
 def resolve_device(setting: str) -> str:
@@ -341,7 +344,8 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         config = head_config(pool)
         task = pool.task
         classes = list(pool.classes or []) if task == "classification" else None
-        cache = pool_cache.for_settings(context.env().settings)
+        settings = context.env().settings
+        cache = pool_cache.for_settings(settings)
         data = load_pool(s, pool, utcnow(), progress=tracker.callback, cache=cache, embeddings=needs_model)
     tracker.write(data.n, data.n)
     timings["load"] = time.perf_counter() - t0
@@ -354,27 +358,29 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
     features: Any = selection_inputs(data, needs_model)
     probs: Any = None
     if selection.STRATEGIES[strategy].inputs and strategy not in coldstart.MODEL_FREE:
-        # train: from scratch on the labeled rows, seeded per batch
-        t = time.perf_counter()
-        tracker.stage("train", 0, config.max_epochs)
-        trained = train_head(
-            config, data.X[data.labeled], data.y, device=device, seed=spec.seed, progress=tracker.callback
-        )
-        timings["train"] = time.perf_counter() - t
+        # small ops on BAIT_JOB_THREADS torch threads (worker/threads.py: the OpenMP pool only slows them)
+        with threads.torch_threads(settings.job_threads):
+            # train: from scratch on the labeled rows, seeded per batch
+            t = time.perf_counter()
+            tracker.stage("train", 0, config.max_epochs)
+            trained = train_head(
+                config, data.X[data.labeled], data.y, device=device, seed=spec.seed, progress=tracker.callback
+            )
+            timings["train"] = time.perf_counter() - t
 
-        # embed: penultimate features (BAIT's embedding) and probabilities of every row
-        t = time.perf_counter()
-        tracker.stage("embed", 0, data.n)
-        out = head_predict(trained, data.X)
-        features = out.features
-        probs = out.probs if task == "classification" else None
-        tracker.write(data.n, data.n)
-        timings["embed"] = time.perf_counter() - t
+            # embed: penultimate features (BAIT's embedding) and probabilities of every row
+            t = time.perf_counter()
+            tracker.stage("embed", 0, data.n)
+            out = head_predict(trained, data.X)
+            features = out.features
+            probs = out.probs if task == "classification" else None
+            tracker.write(data.n, data.n)
+            timings["embed"] = time.perf_counter() - t
 
-        # validate: scores on the labeled validation items, stored with the checkpoint
-        t = time.perf_counter()
-        assessed = quality.assess(factory, spec.pool_id, trained, classes)
-        timings["validate"] = time.perf_counter() - t
+            # validate: scores on the labeled validation items, stored with the checkpoint
+            t = time.perf_counter()
+            assessed = quality.assess(factory, spec.pool_id, trained, classes)
+            timings["validate"] = time.perf_counter() - t
     # else: the strategy reads no model output (random; typiclust and kmeanspp, which read the pool's own
     # embeddings, and a cold start): no head is trained, no checkpoint stored.
 
@@ -415,7 +421,8 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
                 timings["select"] += time.perf_counter() - t
                 if assessed is not None and trained is not None:
                     t = time.perf_counter()
-                    quality.draw_map(assessed, trained, features, probs, data, result.indices, classes, spec.seed)
+                    with threads.torch_threads(settings.job_threads):
+                        quality.draw_map(assessed, trained, features, probs, data, result.indices, classes, spec.seed)
                     timings["map"] = time.perf_counter() - t
                 t = time.perf_counter()
                 tracker.stage("store", 0, spec.size)
@@ -693,8 +700,9 @@ def predict(pool_id: str, item_ids: list[str]) -> dict[str, Any]:
     if missing:
         raise LookupError(f"{len(missing)} item(s) not found or without embedding: {missing[:10]}")
     X = np.frombuffer(bytearray(b"".join(found[i][1] or b"" for i in item_ids)), dtype="<f4").reshape(len(item_ids), d)
-    trained = load_checkpoint(blob, device=resolve_device(env.settings.device))
-    out = head_predict(trained, X)
+    with threads.torch_threads(env.settings.job_threads):
+        trained = load_checkpoint(blob, device=resolve_device(env.settings.device))
+        out = head_predict(trained, X)
     predictions: list[dict[str, Any]] = []
     if task == "classification":
         assert out.probs is not None

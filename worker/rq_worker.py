@@ -18,7 +18,7 @@ from service.config import Settings
 from service.crypto import check_secret_key
 from service.domain.jobs import recover_jobs
 from service.queue import RQQueue
-from worker import context
+from worker import context, threads
 from worker.jobs import resolve_device
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ def run(settings: Settings, burst: bool = False, name: str | None = None) -> int
         return 2
     check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
     env = context.configure(settings)
+    if settings.warm_up:  # a first batch should not pay torch's start-up (worker/threads.py)
+        threads.warm_up(settings.job_threads)
     queue = RQQueue(settings)
     device = resolve_device(settings.device)
     log.info(
