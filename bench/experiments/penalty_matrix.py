@@ -10,6 +10,11 @@ For every experiment (an (experiment, config) pair of a results table):
    both have, ``t = sqrt(N) mean(e_i - e_j) / std(e_i - e_j, ddof=1)``, with ``e`` the accuracy (or
    minus the error, so that larger is better). If ``t > threshold``, i beat j: ``P[i, j] += 1/z``.
 
+With ``all_rounds=True`` step 2 is replaced by every round after round 0 that the reference reached
+(``L = M_0 + B, M_0 + 2B, ...``), so comparisons past random's convergence count too; ``z`` is then
+the number of rounds. Round 0 is left out: no strategy has chosen anything yet, the labels (and so
+the scores) are the same for all of them.
+
 The threshold is the two-sided 5% Student-t critical value for ``N - 1`` degrees of freedom, which
 is the paper's 2.776 for its five seeds. Column averages (over the other strategies) say how often a
 strategy is beaten: lower is better.
@@ -41,6 +46,7 @@ class ExperimentBudgets:
         converged_labels: labels at the round where the reference came within ``tol`` of its final value.
         budgets: the ``L_k`` used (``z = len(budgets)``).
         wins: ``(budget, winner, loser, t)`` for every significant comparison.
+        rounds: labels -> round index (from the reference's rows).
     """
 
     experiment: str
@@ -49,6 +55,28 @@ class ExperimentBudgets:
     converged_labels: int
     budgets: list[int]
     wins: list[tuple[int, str, str, float]] = field(default_factory=list)
+    rounds: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One significant comparison lost by a strategy.
+
+    Attributes:
+        experiment: the experiment (``linear_mnist``, ...).
+        config: its config (``learned``, ...).
+        budget: labels at that round.
+        round: round index (``-1`` when unknown).
+        winner: the strategy that beat it.
+        t: the paired t-score.
+    """
+
+    experiment: str
+    config: str
+    budget: int
+    round: int
+    winner: str
+    t: float
 
 
 @dataclass
@@ -118,6 +146,7 @@ def penalty_matrix(
     reference: str = "random",
     tol: float = 0.01,
     threshold: float | None = None,
+    all_rounds: bool = False,
 ) -> PenaltyResult:
     """Accumulate the pairwise penalty matrix over every (experiment, config) in ``rows``.
 
@@ -128,6 +157,8 @@ def penalty_matrix(
         tol: relative tolerance of "within 1% of its final accuracy".
         threshold: fixed t threshold; ``None`` = :func:`t_threshold` of the number of paired seeds
             (2.776 for five).
+        all_rounds: use every round after round 0 as a budget instead of the paper's ``M_0 + 2^k B``
+            up to the reference's convergence.
 
     Returns:
         The :class:`PenaltyResult`. Experiments without the reference strategy or with a single
@@ -136,9 +167,12 @@ def penalty_matrix(
     # (exp, config) -> strategy -> seed -> labels -> value
     table: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
     metric: dict[str, str] = {}
+    round_of: dict[str, dict[int, int]] = {}
     for r in rows:
         exp = f"{r['experiment']}/{r['config']}"
         metric[exp] = str(r["metric"])
+        if str(r["strategy"]) == reference and "round" in r:
+            round_of.setdefault(exp, {})[int(r["labels"])] = int(r["round"])
         table.setdefault(exp, {}).setdefault(str(r["strategy"]), {}).setdefault(int(r["seed"]), {})[
             int(r["labels"])
         ] = float(r["value"])
@@ -157,7 +191,11 @@ def penalty_matrix(
             continue
         ref_mean = [float(np.mean([ref[s][lab] for s in ref])) for lab in ref_labels]
         conv, budgets = budgets_for(ref_labels, ref_mean, tol=tol)
-        info = ExperimentBudgets(exp, ref_labels[0], ref_labels[1] - ref_labels[0], conv, budgets)
+        if all_rounds:
+            budgets = ref_labels[1:]
+        info = ExperimentBudgets(
+            exp, ref_labels[0], ref_labels[1] - ref_labels[0], conv, budgets, rounds=round_of.get(exp, {})
+        )
         experiments.append(info)
         if not budgets:
             continue
@@ -186,6 +224,17 @@ def penalty_matrix(
     off = ~np.eye(n, dtype=bool)
     col = np.array([P[off[:, j], j].mean() if n > 1 else 0.0 for j in range(n)])
     return PenaltyResult(strategies=names, matrix=P, column_means=col, experiments=experiments)
+
+
+def losses(res: PenaltyResult, focus: str) -> list[Loss]:
+    """Every significant comparison that ``focus`` lost, in experiment then budget order."""
+    out: list[Loss] = []
+    for e in res.experiments:
+        experiment, _, config = e.experiment.partition("/")
+        for budget, winner, loser, t in sorted(e.wins, key=lambda w: (w[0], w[1])):
+            if loser == focus:
+                out.append(Loss(experiment, config, budget, e.rounds.get(budget, -1), winner, t))
+    return out
 
 
 def format_table(res: PenaltyResult) -> str:
