@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -132,11 +132,15 @@ class StrategySpec:
         name: the label in the CSV and the plots (``"bait"``, ``"bait-paper-lam0.01"``, ...).
         strategy: the registered strategy passed to ``select``.
         params: its keyword parameters.
+        inputs: what ``select`` reads: ``"head"`` (default) the penultimate features and probabilities of
+            the head trained this round; ``"pool"`` the pool's own inputs and no probabilities, as the
+            service runs its model-free strategies (``typiclust``, ``kmeanspp``).
     """
 
     name: str
     strategy: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Literal["head", "pool"] = "head"
 
 
 @dataclass(frozen=True)
@@ -241,11 +245,14 @@ def run_one(
         t1 = time.perf_counter()
         picked: list[int] = []
         if rnd < setting.rounds:
-            out = predict(trained, pool_t)
-            probs = None if out.probs is None else out.probs.numpy()
+            if spec.inputs == "pool":
+                embeddings, probs = split.X_pool, None
+            else:
+                out = predict(trained, pool_t)
+                embeddings, probs = out.features.numpy(), (None if out.probs is None else out.probs.numpy())
             result = select(
                 spec.strategy,
-                embeddings=out.features.numpy(),
+                embeddings=embeddings,
                 probs=probs,
                 labeled=rows,
                 batch_size=setting.batch,
