@@ -435,8 +435,12 @@ def verdict_line(table: Sequence[Mapping[str, Any]], cvd: Mapping[str, tuple[flo
     sig_better = [d for d in differ if cvd.get(d, (0, 0, "tied", 0))[2] == "better"]
     sig_worse = [d for d in differ if cvd.get(d, (0, 0, "tied", 0))[2] == "worse"]
     gain = float(np.mean([by[(d, "chosen")]["norm_area"] - by[(d, "default")]["norm_area"] for d in differ]))
-    beats = len(higher) > len(differ) / 2 and gain > 0 and not sig_worse
-    head = "beats" if beats and sig_better else ("does not clearly beat" if beats or not sig_worse else "loses to")
+    if sig_better and not sig_worse and gain > 0 and len(higher) > len(differ) / 2:
+        head = "beats"
+    elif sig_worse and not sig_better and gain < 0:
+        head = "loses to"
+    else:
+        head = "does not clearly beat (mixed or within noise)"
     return (
         f"Verdict: on held-out data the tune-half choice {head} today's default lam = 0.01 — higher normalised "
         f"area on {len(higher)} of {len(differ)} datasets where it differs (mean gain {gain * 100:+.2f} points of "
