@@ -321,6 +321,7 @@ def _run_phase(
     out: Path,
     quiet: bool,
     lr: float = 1e-3,
+    extra_lams: Sequence[float] = (),
 ) -> None:
     want = "tune" if phase == "tune" else "heldout"
     wrong = [d for d in datasets if half(d) not in (want, "synthetic")]
@@ -336,7 +337,7 @@ def _run_phase(
             tt = task_type(s.config)
             if tt not in choice:
                 raise SystemExit(f"choice.json has no lam for task type {tt!r} (run --phase tune on one)")
-            lams = sorted({DEFAULT_LAM, float(choice[tt])})
+            lams = sorted({DEFAULT_LAM, float(choice[tt]), *extra_lams})
             run_grid([s], [*(bait_spec(lam) for lam in lams), RANDOM], seeds, store, desc=s.config, quiet=quiet)
     rows = store.rows()
     plot_curves(rows, out / phase / "curves.png", title=f"held-out lam check: {phase} phase")
@@ -407,18 +408,86 @@ def chosen_vs_default(
         lam = float(choice.get(task_type(cfg), DEFAULT_LAM))
         if lam == DEFAULT_LAM or lam_name(lam) not in strat or lam_name(DEFAULT_LAM) not in strat:
             continue
-        a_ch = seed_areas(strat[lam_name(lam)], m0[cfg])
-        a_df = seed_areas(strat[lam_name(DEFAULT_LAM)], m0[cfg])
-        common = sorted(set(a_ch) & set(a_df))
-        a = np.array([a_ch[s] for s in common])
-        b = np.array([a_df[s] for s in common])
-        t = paired_t(a, b)
-        verdict = "tied"
-        if len(common) >= 2 and abs(t) > t_threshold(len(common)):
-            good = t < 0 if lower_is_better(metric[cfg]) else t > 0
-            verdict = "better" if good else "worse"
-        out[cfg] = (float(a.mean() - b.mean()), t, verdict, len(common))
+        out[cfg] = compare_areas(strat[lam_name(lam)], strat[lam_name(DEFAULT_LAM)], m0[cfg], metric[cfg])
     return out
+
+
+def compare_areas(
+    mine: Mapping[int, Mapping[int, float]], theirs: Mapping[int, Mapping[int, float]], m0: int, metric: str
+) -> tuple[float, float, str, int]:
+    """(mean of mine's - theirs' per-seed areas, paired t, verdict in the metric's sense, seeds)."""
+    a_mine, a_theirs = seed_areas(mine, m0), seed_areas(theirs, m0)
+    common = sorted(set(a_mine) & set(a_theirs))
+    a = np.array([a_mine[s] for s in common])
+    b = np.array([a_theirs[s] for s in common])
+    t = paired_t(a, b)
+    verdict = "tied"
+    if len(common) >= 2 and abs(t) > t_threshold(len(common)):
+        good = t < 0 if lower_is_better(metric) else t > 0
+        verdict = "better" if good else "worse"
+    return float(a.mean() - b.mean()), t, verdict, len(common)
+
+
+def posthoc_grid_md(rows: Sequence[Mapping[str, Any]], choice: Mapping[str, float]) -> list[str]:
+    """Markdown lines for the supplementary, post-hoc run of extra grid lams on the held-out datasets
+    (``--extra-lams``): per dataset every lam's normalised area, and each lam's area minus lam = 0.01's
+    with the paired t over seeds; per task type the lam that would have been picked *on held-out data*.
+    Empty when only the default and chosen lams were run."""
+    data = {k[1]: v for k, v in curves(rows).items()}
+    seeds = per_seed(rows)
+    metric = _metric_of(rows)
+    m0 = {str(r["config"]): int(r["labels"]) for r in rows if int(r["round"]) == 0}
+    lams = sorted({lam for lam in LAM_GRID if any(lam_name(lam) in by for by in data.values())})
+    official = {DEFAULT_LAM, *(float(v) for v in choice.values())}
+    if set(lams) <= official:
+        return []
+    lines = [
+        "## Supplementary, post hoc: the whole grid on the held-out datasets",
+        "",
+        "Not used for the choice (that was made on the tune half only): the other grid lams were run on the "
+        "held-out datasets afterwards, to see whether 0.01's ranking carries over. Cell: normalised area vs "
+        "random; in brackets the lam's mean-over-rounds-1.. minus lam = 0.01's, paired t over seeds, "
+        "**better** / **worse** when significant (5 %).",
+        "",
+        "| dataset | task | " + " | ".join(f"lam={x:g}" for x in lams) + " | best here |",
+        "|---|---|" + "---|" * len(lams) + "---|",
+    ]
+    by_type: dict[str, list[dict[float, float]]] = {}
+    for cfg in sorted(data):
+        by_name = data[cfg]
+        if "random" not in by_name or not all(lam_name(x) in by_name for x in lams):
+            continue
+        a_rand = area(by_name["random"].mean)
+        na = {x: normalised_area(area(by_name[lam_name(x)].mean), a_rand, metric[cfg]) for x in lams}
+        by_type.setdefault(task_type(cfg), []).append(na)
+        cells = []
+        for x in lams:
+            cell = f"{na[x] * 100:+.2f} %"
+            if x != DEFAULT_LAM:
+                d, t, v, _ = compare_areas(
+                    seeds[cfg][lam_name(x)], seeds[cfg][lam_name(DEFAULT_LAM)], m0[cfg], metric[cfg]
+                )
+                cell += f" ({d:+.4f}, t {t:+.2f}{f' **{v}**' if v != 'tied' else ''})"
+            cells.append(cell)
+        best = max(lams, key=lambda x: na[x])
+        lines.append(f"| {cfg} | {task_type(cfg)} | " + " | ".join(cells) + f" | {best:g} |")
+    lines += [
+        "",
+        "| task type | " + " | ".join(f"lam={x:g}" for x in lams) + " | best on held-out | chosen on tune |",
+        "|---|" + "---|" * len(lams) + "---|---|",
+    ]
+    for tt in TASK_TYPES:
+        if tt not in by_type:
+            continue
+        mean = {x: float(np.mean([na[x] for na in by_type[tt]])) for x in lams}
+        best = max(lams, key=lambda x: mean[x])
+        lines.append(
+            f"| {tt} | "
+            + " | ".join(f"{mean[x] * 100:+.2f} %" for x in lams)
+            + f" | {best:g} | {float(choice.get(tt, DEFAULT_LAM)):g} |"
+        )
+    lines.append("")
+    return lines
 
 
 def verdict_line(table: Sequence[Mapping[str, Any]], cvd: Mapping[str, tuple[float, float, str, int]]) -> str:
@@ -513,6 +582,7 @@ def readme_md(
     cvd: Mapping[str, tuple[float, float, str, int]],
     runs: Sequence[Mapping[str, Any]],
     seeds_n: int,
+    posthoc: Sequence[str] = (),
 ) -> str:
     thr = t_threshold(seeds_n) if seeds_n > 1 else math.inf
     lines = [
@@ -575,7 +645,7 @@ def readme_md(
             f"{_fmt_frac(d['frac_to_random_final'])} | {c['lam']:g} | {c['final']:.3f} ± {c['final_se']:.3f} | "
             f"{_fmt_frac(c['frac_to_random_final'])} | {cmp_} |"
         )
-    lines += ["", "## What was run", ""]
+    lines += ["", *posthoc, "## What was run", ""]
     lines += [
         "| phase | command | started | wall time | load average (1/5/15 min) at start → end |",
         "|---|---|---|---|---|",
@@ -609,9 +679,10 @@ def report(out: Path) -> Path:
     table = heldout_table(rows, {k: float(v) for k, v in choice["choice"].items()})
     cvd = chosen_vs_default(rows, {k: float(v) for k, v in choice["choice"].items()})
     seeds_n = min((r["n_seeds"] for r in table), default=0)
-    (out / "summary.md").write_text(summary_md(table, cvd))
+    posthoc = posthoc_grid_md(rows, {k: float(v) for k, v in choice["choice"].items()})
+    (out / "summary.md").write_text(summary_md(table, cvd) + ("\n" + "\n".join(posthoc) if posthoc else ""))
     runs = [r for r in _load_runs(out) if r.get("phase") in ("tune", "heldout")]
-    (out / "README.md").write_text(readme_md(choice, table, cvd, runs, seeds_n))
+    (out / "README.md").write_text(readme_md(choice, table, cvd, runs, seeds_n, posthoc))
     return out
 
 
@@ -628,6 +699,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", default=None, help="comma-separated datasets of the phase (default: the preset)")
     p.add_argument("--seeds", default=None, help="'3' (= 0-2), '0-4' or '0,3' (default 3; smoke 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--extra-lams",
+        default="",
+        help="heldout phase: also run these grid lams (comma-separated), reported as a post-hoc supplement",
+    )
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate of the head (default 1e-3; smoke 1e-2)")
     for name in ("pool", "test", "m0", "batch", "rounds", "max_epochs", "hidden"):
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
@@ -642,6 +718,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     }
     seeds = parse_seeds(args.seeds or str(preset["seeds"]))
     lr = args.lr if args.lr is not None else LR["smoke" if args.smoke else "full"]
+    extra_lams = [float(x) for x in args.extra_lams.split(",") if x]
+    if not set(extra_lams) <= set(LAM_GRID):
+        raise SystemExit(f"--extra-lams must come from the grid {LAM_GRID}")
     out: Path = args.out or RESULTS_ROOT / EXPERIMENT
     out.mkdir(parents=True, exist_ok=True)
     phases = ("tune", "heldout", "report") if args.phase == "all" else (args.phase,)
@@ -668,9 +747,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
             "size": size,
             "seeds": seeds,
             "lr": lr,
+            **({"extra_lams": extra_lams} if extra_lams and phase == "heldout" else {}),
         }
         t0 = time.perf_counter()
-        _run_phase(phase, datasets, size, seeds, out, args.quiet, lr)
+        _run_phase(phase, datasets, size, seeds, out, args.quiet, lr, extra_lams)
         rec["wall_s"] = round(time.perf_counter() - t0, 1)
         rec["load_end"] = list(os.getloadavg())
         with (out / "runs.jsonl").open("a") as f:

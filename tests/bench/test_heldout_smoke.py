@@ -149,3 +149,18 @@ def test_paired_budgets_sign_follows_metric() -> None:
     rmse = heldout.paired_budgets(mine, theirs, 10, "rmse")
     assert list(rmse) == [20] and rmse[20][2] == "better" and rmse[20][0] == pytest.approx(-0.2967, abs=1e-3)
     assert heldout.paired_budgets(mine, theirs, 10, "accuracy")[20][2] == "worse"
+
+
+def test_posthoc_grid_only_when_extra_lams_ran() -> None:
+    d, b = heldout.lam_name(0.01), heldout.lam_name(0.1)
+    base = {
+        ("synthetic-binary", "random"): [[0.5, 0.6, 0.7], [0.5, 0.62, 0.7], [0.5, 0.6, 0.71]],
+        ("synthetic-binary", d): [[0.5, 0.6, 0.7], [0.5, 0.6, 0.72], [0.5, 0.61, 0.7]],
+    }
+    assert heldout.posthoc_grid_md(_rows(base), {"binary": 0.01}) == []  # only the official lams: no supplement
+    extra = base | {("synthetic-binary", b): [[0.5, 0.7, 0.8], [0.5, 0.71, 0.8], [0.5, 0.7, 0.82]]}
+    lines = heldout.posthoc_grid_md(_rows(extra), {"binary": 0.01})
+    assert lines[0].startswith("## Supplementary, post hoc")
+    row = next(ln for ln in lines if ln.startswith("| synthetic-binary | binary |"))
+    assert row.endswith(" | 0.1 |") and "**better**" in row  # 0.1 beats 0.01 on every seed by ~0.1
+    assert "| binary | " in "\n".join(lines) and lines[-2].endswith(" | 0.1 | 0.01 |")
