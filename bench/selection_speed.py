@@ -306,7 +306,7 @@ def run_row(row: Row, *, device: str, seed: int, naive_limit: int) -> dict[str, 
         kwargs["embeddings"] = x.cpu().numpy()
         kwargs["probs"] = None if probs is None else probs.cpu().numpy()
         # numpy in, and the device a user would name (the rows of numpy input stay on the CPU otherwise)
-        on = {} if device == "cpu" else {"device": device}
+        on: dict[str, Any] = {} if device == "cpu" else {"device": device}
         res = selection.select(row.strategy, batch_size=batch, **on, **kwargs, **row.params)
     else:
         res = selection.select(row.strategy, batch_size=batch, dtype=row.dtype, **kwargs, **row.params)
