@@ -69,6 +69,7 @@ from bench.experiments.common import (
     read_results,
     run_grid,
 )
+from bench.experiments.penalty_matrix import paired_budgets as penalty_paired_budgets
 from bench.experiments.penalty_matrix import paired_t, t_threshold
 from selection.heads import HeadConfig
 
@@ -231,28 +232,8 @@ def per_seed(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[int,
 def paired_budgets(
     mine: Mapping[int, Mapping[int, float]], theirs: Mapping[int, Mapping[int, float]], m0: int, metric: str
 ) -> dict[int, tuple[float, float, str, int]]:
-    """labels -> (mean of mine - theirs, paired t, verdict, seeds) at every budget after ``m0``.
-
-    The verdict is ``better`` / ``worse`` (in the metric's own sense: lower RMSE is better) when ``|t|``
-    exceeds the two-sided 5 % Student-t critical value for the paired seeds, else ``tied``.
-    """
-    out: dict[int, tuple[float, float, str, int]] = {}
-    budgets = sorted({b for s in mine.values() for b in s} & {b for s in theirs.values() for b in s})
-    for lab in budgets:
-        if lab <= m0:
-            continue
-        seeds = sorted(s for s in set(mine) & set(theirs) if lab in mine[s] and lab in theirs[s])
-        if len(seeds) < 2:
-            continue
-        a = np.array([mine[s][lab] for s in seeds])
-        b = np.array([theirs[s][lab] for s in seeds])
-        t = paired_t(a, b)
-        verdict = "tied"
-        if abs(t) > t_threshold(len(seeds)):
-            good = t < 0 if lower_is_better(metric) else t > 0
-            verdict = "better" if good else "worse"
-        out[lab] = (float(a.mean() - b.mean()), t, verdict, len(seeds))
-    return out
+    """:func:`bench.experiments.penalty_matrix.paired_budgets` in ``metric``'s sense (lower RMSE is better)."""
+    return penalty_paired_budgets(mine, theirs, m0, lower_is_better=lower_is_better(metric))
 
 
 def seed_areas(per: Mapping[int, Mapping[int, float]], m0: int) -> dict[int, float]:

@@ -115,6 +115,39 @@ def paired_t(a: np.ndarray, b: np.ndarray) -> float:
     return math.sqrt(n) * mu / sd
 
 
+def paired_budgets(
+    mine: Mapping[int, Mapping[int, float]],
+    theirs: Mapping[int, Mapping[int, float]],
+    m0: int,
+    *,
+    lower_is_better: bool = False,
+) -> dict[int, tuple[float, float, str, int]]:
+    """labels -> (mean of mine - theirs, paired t, verdict, seeds) at every budget after ``m0``.
+
+    ``mine`` and ``theirs`` map seed -> labels -> value. Only seeds with both values at a budget are
+    paired; budgets with fewer than 2 such seeds are left out. The verdict is ``better`` / ``worse``
+    (in the metric's own sense: with ``lower_is_better`` a negative t is better) when ``|t|`` exceeds
+    :func:`t_threshold` for the paired seeds, else ``tied``.
+    """
+    out: dict[int, tuple[float, float, str, int]] = {}
+    budgets = sorted({b for s in mine.values() for b in s} & {b for s in theirs.values() for b in s})
+    for lab in budgets:
+        if lab <= m0:
+            continue
+        seeds = sorted(s for s in set(mine) & set(theirs) if lab in mine[s] and lab in theirs[s])
+        if len(seeds) < 2:
+            continue
+        a = np.array([mine[s][lab] for s in seeds])
+        b = np.array([theirs[s][lab] for s in seeds])
+        t = paired_t(a, b)
+        verdict = "tied"
+        if abs(t) > t_threshold(len(seeds)):
+            good = t < 0 if lower_is_better else t > 0
+            verdict = "better" if good else "worse"
+        out[lab] = (float(a.mean() - b.mean()), t, verdict, len(seeds))
+    return out
+
+
 def budgets_for(labels: Sequence[int], ref_mean: Sequence[float], *, tol: float = 0.01) -> tuple[int, list[int]]:
     """Labels at convergence and the budgets ``M_0 + 2^k B`` up to it.
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from bench.experiments.common import (
     sizes_from,
     start_run,
 )
-from bench.experiments.penalty_matrix import paired_t, t_threshold
+from bench.experiments.penalty_matrix import paired_budgets
 from selection.heads import HeadConfig
 
 EXPERIMENT = "text_binary"
@@ -185,20 +185,7 @@ def comparisons(
         for other, theirs in strat.items():
             if other == focus:
                 continue
-            per: dict[int, tuple[float, float, Verdict, int]] = {}
-            budgets = sorted({lab for s in mine.values() for lab in s} & {lab for s in theirs.values() for lab in s})
-            for lab in budgets:
-                if lab <= m0.get(cfg, 0):
-                    continue
-                seeds = sorted(s for s in set(mine) & set(theirs) if lab in mine[s] and lab in theirs[s])
-                if len(seeds) < 2:
-                    continue
-                a = np.array([mine[s][lab] for s in seeds])
-                b = np.array([theirs[s][lab] for s in seeds])
-                t = paired_t(a, b)
-                sig = abs(t) > t_threshold(len(seeds))
-                verdict: Verdict = ("better" if t > 0 else "worse") if sig else "tied"
-                per[lab] = (float(a.mean() - b.mean()), t, verdict, len(seeds))
+            per = cast(dict[int, tuple[float, float, Verdict, int]], paired_budgets(mine, theirs, m0.get(cfg, 0)))
             out[cfg][other] = per
     return out
 
