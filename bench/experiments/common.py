@@ -134,13 +134,15 @@ class StrategySpec:
         params: its keyword parameters.
         inputs: what ``select`` reads: ``"head"`` (default) the penultimate features and probabilities of
             the head trained this round; ``"pool"`` the pool's own inputs and no probabilities, as the
-            service runs its model-free strategies (``typiclust``, ``kmeanspp``).
+            service runs its model-free strategies (``typiclust``, ``kmeanspp``); ``"pool+probs"`` the
+            pool's own inputs as the features with the trained head's probabilities (BAIT on raw
+            embeddings, issue 14).
     """
 
     name: str
     strategy: str
     params: Mapping[str, Any] = field(default_factory=dict)
-    inputs: Literal["head", "pool"] = "head"
+    inputs: Literal["head", "pool", "pool+probs"] = "head"
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,8 @@ def run_one(
             else:
                 out = predict(trained, pool_t)
                 embeddings, probs = out.features.numpy(), (None if out.probs is None else out.probs.numpy())
+                if spec.inputs == "pool+probs":
+                    embeddings = split.X_pool
             result = select(
                 spec.strategy,
                 embeddings=embeddings,

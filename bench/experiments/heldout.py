@@ -13,6 +13,17 @@ was then reported on. This experiment separates the two, using the halves of the
     (so higher is better for both). Per task type (binary / multiclass / regression) the ``lam`` with
     the best mean normalised area over that type's datasets is chosen (a tie keeps the default) and
     written to ``choice.json``.
+``--phase tune --variants``
+    Also the rest of issue 14's choice, on the same tune datasets, seeds and sizes, all at
+    ``lam = 0.01``: ``bait-lam0.01-linear`` (a linear head, so BAIT's penultimate features are the
+    head's inputs), ``random-linear`` (random with that linear head, the baseline of its own head),
+    and ``bait-lam0.01-raw`` (the MLP head's probabilities with the raw pool embeddings as BAIT's
+    features; :class:`~bench.experiments.common.StrategySpec` ``inputs="pool+probs"``). The
+    existing rows (default ``bait-lam0.01``, ``random``, the grid) are reused: the store is keyed by
+    (experiment, config, strategy, seed, round) and the variants have their own strategy names. The
+    report's variant section gives each variant's normalised area against random *with the MLP head*
+    (the default's baseline, so the columns compare whole pipelines) and picks per task type the
+    variant with the best mean, a new pick only when it beats the default's mean.
 ``--phase heldout``
     On held-out-half datasets: BAIT with today's default (``lam = 0.01``), BAIT with the lam chosen for
     the dataset's task type (the same runs when the choice is 0.01), and ``random``.
@@ -32,6 +43,7 @@ regression) retrained from scratch every round and scored on the test set (accur
 the target's standard deviation). Pools and test sets are seeded subsamples of the suite's splits.
 
     python -m bench.experiments.heldout --phase tune
+    python -m bench.experiments.heldout --phase tune --variants   # adds the head / features variants
     python -m bench.experiments.heldout --phase heldout
     python -m bench.experiments.heldout --phase report
     python -m bench.experiments.heldout --smoke --out /tmp/heldout --phase all   # < 60 s, no fetch needed
@@ -51,7 +63,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -101,6 +113,21 @@ def bait_spec(lam: float) -> StrategySpec:
 
 
 RANDOM = StrategySpec("random", "random")
+
+#: ``--variants`` of the tune phase (issue 14: the head and BAIT's features), all at lam = 0.01.
+LINEAR_BAIT = f"{lam_name(DEFAULT_LAM)}-linear"
+LINEAR_RANDOM = "random-linear"
+RAW_BAIT = f"{lam_name(DEFAULT_LAM)}-raw"
+#: variant strategy -> its label in the report (the default is ``bait-lam0.01``: MLP head, penultimate features)
+VARIANTS: dict[str, str] = {LINEAR_BAIT: "head=linear", RAW_BAIT: "features=raw"}
+
+
+def variant_specs() -> tuple[list[StrategySpec], list[StrategySpec]]:
+    """(specs run with the MLP head, specs run with a linear head) of ``--variants``."""
+    params = bait_params(DEFAULT_LAM, CONVENTION, oversample=2)
+    mlp = [StrategySpec(RAW_BAIT, "bait", params, inputs="pool+probs")]
+    linear = [StrategySpec(LINEAR_BAIT, "bait", params), StrategySpec(LINEAR_RANDOM, "random")]
+    return mlp, linear
 
 
 # --------------------------------------------------------------------------------------------------
@@ -169,12 +196,16 @@ def load_split(dataset: str, pool: int, test: int) -> Split:
     )
 
 
-def make_setting(phase: str, dataset: str, size: Mapping[str, int], lr: float = 1e-3) -> Setting:
+def make_setting(
+    phase: str, dataset: str, size: Mapping[str, int], lr: float = 1e-3, kind: Literal["mlp", "linear"] = "mlp"
+) -> Setting:
+    """The dataset's setting of ``phase``; ``kind="linear"`` is the head of the ``--variants`` linear rows
+    (its config name is still the dataset: the rows differ by strategy name)."""
     split = load_split(dataset, size["pool"], size["test"])
     head = HeadConfig(
         input_dim=split.X_pool.shape[1],
         n_outputs=split.n_outputs,
-        kind="mlp",
+        kind=kind,
         task=split.task,  # type: ignore[arg-type]
         hidden=size["hidden"],
         lr=lr,
@@ -303,6 +334,7 @@ def _run_phase(
     quiet: bool,
     lr: float = 1e-3,
     extra_lams: Sequence[float] = (),
+    variants: bool = False,
 ) -> None:
     want = "tune" if phase == "tune" else "heldout"
     wrong = [d for d in datasets if half(d) not in (want, "synthetic")]
@@ -312,6 +344,11 @@ def _run_phase(
     store = ResultStore(out / phase)
     if phase == "tune":
         run_grid(settings, [*(bait_spec(lam) for lam in LAM_GRID), RANDOM], seeds, store, desc=phase, quiet=quiet)
+        if variants:
+            mlp_specs, linear_specs = variant_specs()
+            run_grid(settings, mlp_specs, seeds, store, desc=f"{phase} variants (mlp)", quiet=quiet)
+            linear = [make_setting(phase, d, size, lr, kind="linear") for d in datasets]
+            run_grid(linear, linear_specs, seeds, store, desc=f"{phase} variants (linear)", quiet=quiet)
     else:
         choice = json.loads((out / "choice.json").read_text())["choice"]
         for s in settings:
@@ -483,6 +520,131 @@ def posthoc_grid_md(rows: Sequence[Mapping[str, Any]], choice: Mapping[str, floa
     return lines
 
 
+def variant_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``--variants`` comparison from tune-phase rows.
+
+    Returns ``{"per_dataset": {dataset: {...}}, "by_type": {task type: {...}}}``: per dataset the
+    normalised area (against ``random``, the MLP head's) of the default ``bait-lam0.01`` and of each
+    variant that ran, each variant's per-seed area minus the default's (mean, paired t, verdict) and the
+    linear BAIT's normalised area against ``random-linear``; per task type the datasets, the mean
+    normalised areas and the ``pick`` (the best-scoring variant when its mean beats the default's,
+    else ``"default"``). Datasets lacking ``random``, the default or every variant are left out.
+    """
+    data = {k[1]: v for k, v in curves(rows).items()}
+    seeds = per_seed(rows)
+    metric = _metric_of(rows)
+    m0 = {str(r["config"]): int(r["labels"]) for r in rows if int(r["round"]) == 0}
+    default = lam_name(DEFAULT_LAM)
+    per_dataset: dict[str, dict[str, Any]] = {}
+    for cfg in sorted(data):
+        by_name = data[cfg]
+        ran = [v for v in VARIANTS if v in by_name]
+        if "random" not in by_name or default not in by_name or not ran:
+            continue
+        a_rand = area(by_name["random"].mean)
+        rec: dict[str, Any] = {
+            "task": task_type(cfg),
+            "metric": metric[cfg],
+            "norm_area": {n: normalised_area(area(by_name[n].mean), a_rand, metric[cfg]) for n in (default, *ran)},
+            "vs_default": {n: compare_areas(seeds[cfg][n], seeds[cfg][default], m0[cfg], metric[cfg]) for n in ran},
+        }
+        if LINEAR_BAIT in by_name and LINEAR_RANDOM in by_name:
+            rec["linear_vs_own_random"] = normalised_area(
+                area(by_name[LINEAR_BAIT].mean), area(by_name[LINEAR_RANDOM].mean), metric[cfg]
+            )
+        per_dataset[cfg] = rec
+    by_type: dict[str, dict[str, Any]] = {}
+    for tt in TASK_TYPES:
+        names = [d for d, r in per_dataset.items() if r["task"] == tt]
+        if not names:
+            continue
+        strategies = [n for n in (default, *VARIANTS) if all(n in per_dataset[d]["norm_area"] for d in names)]
+        mean = {n: float(np.mean([per_dataset[d]["norm_area"][n] for d in names])) for n in strategies}
+        others = [n for n in strategies if n != default]
+        best = max(others, key=lambda n: mean[n]) if others else default
+        pick = best if best != default and mean[best] > mean[default] else "default"
+        by_type[tt] = {"datasets": names, "mean": mean, "best_variant": best, "pick": pick}
+    return {"per_dataset": per_dataset, "by_type": by_type}
+
+
+def variants_md(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown lines of the ``--variants`` section (empty when no variant rows are in the tune rows)."""
+    got = variant_scores(rows)
+    if not got["by_type"]:
+        return []
+    default = lam_name(DEFAULT_LAM)
+    label = {default: "default (MLP head, penultimate features)", **VARIANTS}
+
+    def pct(x: float) -> str:
+        return f"{x * 100:+.2f} %"
+
+    lines = [
+        "## Head and features, chosen on the tune half (`--variants`)",
+        "",
+        "The rest of issue 14's choice, on the same tune datasets, seeds and sizes, all at lam = 0.01: "
+        "`head=linear` is BAIT with a linear head (its penultimate features are the head's inputs, the raw "
+        "embeddings) whose test metric is also the linear head's; `features=raw` keeps the MLP head (its "
+        "probabilities and its test metric) but gives BAIT the raw pool embeddings as features instead of "
+        "the hidden layer. Cell: mean over the type's datasets of the normalised area against random **with "
+        "the MLP head** (the default's baseline, so the columns compare whole pipelines; higher is better). "
+        "A variant is picked only when its mean beats the default's.",
+        "",
+        "| task type | datasets | " + " | ".join(label[n] for n in (default, *VARIANTS)) + " | tune-half pick |",
+        "|---|---|" + "---|" * (1 + len(VARIANTS)) + "---|",
+    ]
+    verdicts = []
+    for tt, r in got["by_type"].items():
+        cells = [pct(r["mean"][n]) if n in r["mean"] else "—" for n in (default, *VARIANTS)]
+        pick = r["pick"]
+        pick_label = "default" if pick == "default" else label[pick]
+        lines.append(f"| {tt} | {', '.join(r['datasets'])} | " + " | ".join(cells) + f" | **{pick_label}** |")
+        best = r["best_variant"]
+        if pick == "default":
+            verdicts.append(
+                f"{tt}: the default stays (best variant {label.get(best, best)} "
+                f"{pct(r['mean'].get(best, math.nan))} vs {pct(r['mean'][default])})"
+            )
+        else:
+            sig = [d for d in r["datasets"] if got["per_dataset"][d]["vs_default"][pick][2] == "better"]
+            verdicts.append(
+                f"{tt}: {label[pick]} ({pct(r['mean'][pick])} vs the default's {pct(r['mean'][default])}; "
+                f"significantly better on {len(sig)} of {len(r['datasets'])} datasets)"
+            )
+    new = [tt for tt, r in got["by_type"].items() if r["pick"] != "default"]
+    lines += [
+        "",
+        "Variant verdict: "
+        + (
+            "the tune half keeps the default head and features for every task type"
+            if not new
+            else f"the tune half picks a variant for {', '.join(new)} (not yet checked on the held-out half)"
+        )
+        + " — "
+        + "; ".join(verdicts)
+        + ".",
+        "",
+        "Per tune dataset: normalised area against random (MLP head); in brackets the variant's mean over "
+        "rounds 1.. minus the default's in the metric's units (for RMSE a negative difference is the better), "
+        "paired t over seeds, **better** / **worse** when significant (5 %); "
+        "last column the linear BAIT's normalised area against random with the same linear head.",
+        "",
+        "| dataset | task | default | " + " | ".join(VARIANTS.values()) + " | head=linear vs random-linear |",
+        "|---|---|---|" + "---|" * len(VARIANTS) + "---|",
+    ]
+    for cfg, r in got["per_dataset"].items():
+        cells = []
+        for n in VARIANTS:
+            if n not in r["vs_default"]:
+                cells.append("—")
+                continue
+            d, t, v, _ = r["vs_default"][n]
+            cells.append(f"{pct(r['norm_area'][n])} ({d:+.4f}, t {t:+.2f}{f' **{v}**' if v != 'tied' else ''})")
+        own = pct(r["linear_vs_own_random"]) if "linear_vs_own_random" in r else "—"
+        lines.append(f"| {cfg} | {r['task']} | {pct(r['norm_area'][default])} | " + " | ".join(cells) + f" | {own} |")
+    lines.append("")
+    return lines
+
+
 def default_vs_random_md(table: Sequence[Mapping[str, Any]]) -> list[str]:
     """Sentences on lam = 0.01 against random over the held-out datasets."""
     rows = [r for r in table if r["role"] == "default"]
@@ -605,6 +767,7 @@ def readme_md(
     runs: Sequence[Mapping[str, Any]],
     seeds_n: int,
     posthoc: Sequence[str] = (),
+    variants: Sequence[str] = (),
 ) -> str:
     thr = t_threshold(seeds_n) if seeds_n > 1 else math.inf
     lines = [
@@ -641,8 +804,8 @@ def readme_md(
             + " | ".join(f"{sc[f'{x:g}'] * 100:+.2f} %" if f"{x:g}" in sc else "—" for x in choice["grid"])
             + " |"
         )
+    lines += ["", *variants]
     lines += [
-        "",
         "## Held-out results",
         "",
         f"{seeds_n} seeds; paired t per budget vs random, two-sided 5 % critical value {thr:.2f} "
@@ -711,7 +874,9 @@ def report(out: Path) -> Path:
     posthoc = posthoc_grid_md(rows, {k: float(v) for k, v in choice["choice"].items()})
     (out / "summary.md").write_text(summary_md(table, cvd) + ("\n" + "\n".join(posthoc) if posthoc else ""))
     runs = [r for r in _load_runs(out) if r.get("phase") in ("tune", "heldout")]
-    (out / "README.md").write_text(readme_md(choice, table, cvd, runs, seeds_n, posthoc))
+    tune_csv = out / "tune" / "results.csv"
+    variants = variants_md(read_results(tune_csv)) if tune_csv.is_file() else []
+    (out / "README.md").write_text(readme_md(choice, table, cvd, runs, seeds_n, posthoc, variants))
     return out
 
 
@@ -733,6 +898,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="heldout phase: also run these grid lams (comma-separated), reported as a post-hoc supplement",
     )
+    p.add_argument(
+        "--variants",
+        action="store_true",
+        help="tune phase: also BAIT with a linear head and BAIT on the raw embeddings (lam 0.01), see the docstring",
+    )
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate of the head (default 1e-3; smoke 1e-2)")
     for name in ("pool", "test", "m0", "batch", "rounds", "max_epochs", "hidden"):
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
@@ -750,6 +920,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     extra_lams = [float(x) for x in args.extra_lams.split(",") if x]
     if not set(extra_lams) <= set(LAM_GRID):
         raise SystemExit(f"--extra-lams must come from the grid {LAM_GRID}")
+    if args.variants and args.phase == "heldout":
+        raise SystemExit("--variants belongs to the tune phase (--phase tune or all)")
     out: Path = args.out or RESULTS_ROOT / EXPERIMENT
     out.mkdir(parents=True, exist_ok=True)
     phases = ("tune", "heldout", "report") if args.phase == "all" else (args.phase,)
@@ -777,9 +949,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
             "seeds": seeds,
             "lr": lr,
             **({"extra_lams": extra_lams} if extra_lams and phase == "heldout" else {}),
+            **({"variants": sorted([*VARIANTS, LINEAR_RANDOM])} if args.variants and phase == "tune" else {}),
         }
         t0 = time.perf_counter()
-        _run_phase(phase, datasets, size, seeds, out, args.quiet, lr, extra_lams)
+        _run_phase(phase, datasets, size, seeds, out, args.quiet, lr, extra_lams, args.variants and phase == "tune")
         rec["wall_s"] = round(time.perf_counter() - t0, 1)
         rec["load_end"] = list(os.getloadavg())
         with (out / "runs.jsonl").open("a") as f:

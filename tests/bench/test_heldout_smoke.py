@@ -75,6 +75,7 @@ def test_heldout_smoke_all_phases(tmp_path: Path, bundled_cache: Path) -> None:
 
     readme = (out / "README.md").read_text()
     assert readme.count("Verdict:") == 1
+    assert "## Head and features" not in readme  # no --variants, no variant section
     for ds in heldout.SYNTHETIC:
         assert any(ln.startswith(f"| {ds} | ") for ln in readme.splitlines())
     assert "| tune | `python -m bench.experiments.heldout --smoke --phase all" in readme
@@ -86,6 +87,83 @@ def test_heldout_smoke_all_phases(tmp_path: Path, bundled_cache: Path) -> None:
     before = (out / "heldout" / "results.csv").read_text()
     heldout.main(["--smoke", "--phase", "heldout", "--out", str(out), "--quiet"])
     assert (out / "heldout" / "results.csv").read_text() == before  # a rerun resumes: nothing recomputed
+
+
+def test_heldout_smoke_variants(tmp_path: Path, bundled_cache: Path) -> None:
+    out = tmp_path / "out"
+    heldout.main(["--smoke", "--phase", "all", "--variants", "--out", str(out), "--quiet"])
+
+    # tune: the grid and random as before, plus the three variant strategies, every seed and round
+    tune = read_results(out / "tune" / "results.csv")
+    variants = {heldout.LINEAR_BAIT, heldout.LINEAR_RANDOM, heldout.RAW_BAIT}
+    assert variants == {"bait-lam0.01-linear", "random-linear", "bait-lam0.01-raw"}
+    assert {r["strategy"] for r in tune} == {heldout.lam_name(x) for x in heldout.LAM_GRID} | {"random"} | variants
+    assert len(tune) == 3 * 8 * 2 * 3
+    for name in variants:
+        got = {(r["config"], r["seed"], r["round"]) for r in tune if r["strategy"] == name}
+        assert len(got) == 3 * 2 * 3, name
+    # the variants really differ from the default: raw features pick other rows, the linear head scores otherwise
+    picks = [json.loads(ln) for ln in (out / "tune" / "picks.jsonl").read_text().splitlines()]
+    by = {(p["strategy"], p["config"], p["seed"], p["round"]): p["picked"] for p in picks}
+    default = heldout.lam_name(0.01)
+    keys = [k[1:] for k in by if k[0] == default]
+    assert any(by[(heldout.RAW_BAIT, *k)] != by[(default, *k)] for k in keys)
+    value = {(r["strategy"], r["config"], r["seed"], r["round"]): r["value"] for r in tune}
+    assert any(value[("random-linear", *k)] != value[("random", *k)] for k in keys)
+    # held-out phase is untouched by --variants
+    held = read_results(out / "heldout" / "results.csv")
+    assert not variants & {r["strategy"] for r in held}
+    runs = [json.loads(ln) for ln in (out / "runs.jsonl").read_text().splitlines()]
+    assert sorted(runs[0]["variants"]) == sorted(variants) and "variants" not in runs[1]
+
+    # report: the variant section, one row per task type with a pick, one row per tune dataset, one verdict
+    readme = (out / "README.md").read_text()
+    assert readme.count("## Head and features, chosen on the tune half (`--variants`)") == 1
+    section = readme[readme.index("## Head and features") : readme.index("## Held-out results")]
+    lines = section.splitlines()
+    scores = heldout.variant_scores(tune)
+    for tt, ds in (("binary", "breast-cancer"), ("multiclass", "wine"), ("regression", "diabetes")):
+        row = next(ln for ln in lines if ln.startswith(f"| {tt} | {ds} | "))
+        assert row.count("%") == 3
+        pick = scores["by_type"][tt]["pick"]
+        assert row.endswith(f" | **{'default' if pick == 'default' else heldout.VARIANTS[pick]}** |")
+        ds_row = next(ln for ln in lines if ln.startswith(f"| {ds} | {tt} | "))
+        assert ds_row.count("%") == 4 and ds_row.count(", t ") == 2
+    verdict = [ln for ln in lines if ln.startswith("Variant verdict: ")]
+    assert len(verdict) == 1 and all(f"{tt}: " in verdict[0] for tt in heldout.TASK_TYPES)
+
+    with pytest.raises(SystemExit, match="tune phase"):
+        heldout.main(["--smoke", "--phase", "heldout", "--variants", "--out", str(out), "--quiet"])
+
+
+def test_variant_pick_only_when_it_beats_the_default() -> None:
+    d = heldout.lam_name(0.01)
+    base = {
+        ("synthetic-binary", "random"): [[0.5, 0.6, 0.7]] * 2,
+        ("synthetic-binary", d): [[0.5, 0.7, 0.8]] * 2,  # normalised area (0.75 - 0.65) / 0.65
+        ("synthetic-binary", heldout.LINEAR_BAIT): [[0.5, 0.6, 0.7]] * 2,
+        ("synthetic-binary", heldout.LINEAR_RANDOM): [[0.5, 0.5, 0.6]] * 2,
+        ("synthetic-binary", heldout.RAW_BAIT): [[0.5, 0.7, 0.8]] * 2,  # ties the default: no new pick
+    }
+    got = heldout.variant_scores(_rows(base))
+    r = got["by_type"]["binary"]
+    assert r["pick"] == "default"
+    assert r["mean"][d] == pytest.approx(0.1 / 0.65)
+    assert r["mean"][heldout.LINEAR_BAIT] == pytest.approx(0.0)
+    assert got["per_dataset"]["synthetic-binary"]["linear_vs_own_random"] == pytest.approx(0.1 / 0.55)
+    better = base | {("synthetic-binary", heldout.RAW_BAIT): [[0.5, 0.75, 0.85]] * 2}
+    assert heldout.variant_scores(_rows(better))["by_type"]["binary"]["pick"] == heldout.RAW_BAIT
+    md = heldout.variants_md(_rows(better))
+    assert any(ln.startswith("| binary | synthetic-binary | ") and ln.endswith(" | **features=raw** |") for ln in md)
+    # RMSE: the variant with the lower errors is the better one
+    reg = {
+        ("synthetic-regression", "random"): [[1.0, 0.9, 0.8]] * 2,
+        ("synthetic-regression", d): [[1.0, 0.7, 0.6]] * 2,
+        ("synthetic-regression", heldout.LINEAR_BAIT): [[1.0, 0.6, 0.5]] * 2,
+        ("synthetic-regression", heldout.RAW_BAIT): [[1.0, 0.8, 0.7]] * 2,
+    }
+    assert heldout.variant_scores(_rows(reg, "rmse"))["by_type"]["regression"]["pick"] == heldout.LINEAR_BAIT
+    assert heldout.variants_md(_rows({k: v for k, v in base.items() if "bait-lam0.01-" not in k[1]})) == []
 
 
 def test_phases_refuse_the_other_half(tmp_path: Path, bundled_cache: Path) -> None:
