@@ -39,6 +39,7 @@ class StrategyOut(BaseModel):
 
 
 _cold_start_doc = strategies.cold_start_doc  # (the field `strategies` shadows the module in the class body)
+_defaults_doc = strategies.defaults_doc
 
 
 class StrategyList(BaseModel):
@@ -47,6 +48,10 @@ class StrategyList(BaseModel):
         default_factory=_cold_start_doc,
         description="when a pool batch of a model-based strategy runs a model-free one instead (too few labels), "
         "and how to opt out",
+    )
+    defaults: dict[str, Any] = Field(
+        default_factory=_defaults_doc,
+        description="BAIT's default parameters and the rule that chose them on held-out data (docs/results/heldout)",
     )
 
 

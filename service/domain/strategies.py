@@ -154,6 +154,41 @@ def cold_start_doc() -> dict[str, Any]:
     return coldstart.describe([n for n, s in CATALOG.items() if coldstart.is_model_based(s.inputs)])
 
 
+#: Where the defaults of :func:`defaults_doc` were chosen (tune half) and checked (held-out half).
+DEFAULTS_EVIDENCE = "docs/results/heldout"
+
+
+def defaults_doc() -> dict[str, Any]:
+    """BAIT's defaults and the rule that chose them, for ``GET /v1/strategies``.
+
+    The values are the catalog's own (so they cannot drift from what a request gets); the rule is the one
+    ``python -m bench.experiments.heldout`` applied on the suite's tune half (``choice.json`` there;
+    ``tests/bench/test_heldout_defaults.py`` fails when the catalog and that choice disagree).
+    """
+    bait = CATALOG["bait"].params
+    return {
+        "bait": {
+            "lam": bait["lam"].default,
+            "convention": bait["convention"].default,
+            "oversample": bait["oversample"].default,
+            "head": "mlp (the pool's default head; BAIT reads its penultimate features and probabilities)",
+            "rule": (
+                "one default for every task type (binary, multiclass, regression), pool size and class count: "
+                "on the tune half of the offline suite lam = 0.01 had the best mean normalised area over random "
+                "for each task type, and no variant (convention, head, stop rule, raw embeddings as features) "
+                "beat it significantly, so nothing depends on what the service knows about the pool"
+            ),
+            "chosen_on": "tune half: breast-cancer, pima, wine, digits, diabetes, concrete",
+            "checked_on": "held-out half: sonar, ionosphere, fine-foods, fashion-mnist, boston, diamonds",
+            "not_better_than_random_on": (
+                "sonar and diamonds (never reach random's final score by 80 labels); small binary text tasks "
+                "(ties random): see README, 'Where BAIT does not help'"
+            ),
+            "evidence": DEFAULTS_EVIDENCE,
+        },
+    }
+
+
 def get(name: Any) -> StrategySpec:
     """The strategy, or a 400 listing the valid names."""
     if not isinstance(name, str) or name not in CATALOG:

@@ -252,4 +252,8 @@ def test_strategies_are_listed_with_tasks_and_params(client: TestClient, auth: d
     assert listed["bait"]["tasks"] == ["classification", "regression"]
     assert listed["bait"]["params"]["oversample"] == {"type": "float", "default": 2}
     assert "fisher_weights" not in listed["bait"]["params"] and "seed" in listed["random"]["params"]
+    defaults = r.json()["defaults"]["bait"]
+    assert defaults["lam"] == listed["bait"]["params"]["lam"]["default"] == 0.01
+    assert defaults["convention"] == listed["bait"]["params"]["convention"]["default"] == "reference"
+    assert "tune half" in defaults["rule"] and defaults["evidence"] == "docs/results/heldout"
     assert client.get("/v1/strategies").status_code == 401
