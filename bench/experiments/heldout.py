@@ -895,7 +895,7 @@ def readme_md(
     if runs:
         lines += [
             "",
-            f"Machine: {runs[-1]['machine']}.",
+            machines_line(runs),
             (
                 f"Sizes: {json.dumps(runs[-1].get('size', {}))}; seeds {runs[-1].get('seeds')}; "
                 f"head lr {runs[-1].get('lr', 1e-3):g}."
@@ -908,6 +908,16 @@ def readme_md(
         "",
     ]
     return "\n".join(lines)
+
+
+def machines_line(runs: Sequence[Mapping[str, Any]]) -> str:
+    """``Machine: ...`` of the runs, or one entry per distinct machine with the start times of its runs."""
+    started: dict[str, list[str]] = {}
+    for r in runs:
+        started.setdefault(str(r["machine"]), []).append(str(r["started"]))
+    if len(started) == 1:
+        return f"Machine: {next(iter(started))}."
+    return "Machines: " + "; ".join(f"{m} (runs started {', '.join(s)})" for m, s in started.items()) + "."
 
 
 def report(out: Path) -> Path:

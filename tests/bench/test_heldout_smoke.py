@@ -288,3 +288,10 @@ def test_posthoc_grid_only_when_extra_lams_ran() -> None:
     assert type_row.endswith(" | 0.1 | 0.01 |")  # best on held-out 0.1, chosen on tune 0.01
     assert "1 are significantly better and 0 significantly worse" in lines[-2]
     assert lines[-2].endswith("for binary (0.1).")
+
+
+def test_machines_line_names_every_machine() -> None:
+    one = {"machine": "box; torch (2 threads)", "started": "t0"}
+    assert heldout.machines_line([one, one | {"started": "t1"}]) == "Machine: box; torch (2 threads)."
+    two = heldout.machines_line([one, {"machine": "box; torch (1 threads)", "started": "t2"}])
+    assert two == "Machines: box; torch (2 threads) (runs started t0); box; torch (1 threads) (runs started t2)."
