@@ -75,7 +75,7 @@ def test_heldout_smoke_all_phases(tmp_path: Path, bundled_cache: Path) -> None:
 
     readme = (out / "README.md").read_text()
     assert readme.count("Verdict:") == 1
-    assert "## Head and features" not in readme  # no --variants, no variant section
+    assert "## Head, stop rule" not in readme  # no --variants, no variant section
     for ds in heldout.SYNTHETIC:
         assert any(ln.startswith(f"| {ds} | ") for ln in readme.splitlines())
     assert "| tune | `python -m bench.experiments.heldout --smoke --phase all" in readme
@@ -93,23 +93,47 @@ def test_heldout_smoke_variants(tmp_path: Path, bundled_cache: Path) -> None:
     out = tmp_path / "out"
     heldout.main(["--smoke", "--phase", "all", "--variants", "--out", str(out), "--quiet"])
 
-    # tune: the grid and random as before, plus the three variant strategies, every seed and round
+    # tune: the grid and random as before, plus the six variant strategies, every seed and round
     tune = read_results(out / "tune" / "results.csv")
-    variants = {heldout.LINEAR_BAIT, heldout.LINEAR_RANDOM, heldout.RAW_BAIT}
-    assert variants == {"bait-lam0.01-linear", "random-linear", "bait-lam0.01-raw"}
+    variants = {
+        heldout.LINEAR_BAIT,
+        heldout.LINEAR_RANDOM,
+        heldout.RAW_BAIT,
+        heldout.PAPER_BAIT,
+        heldout.SHORT_BAIT,
+        heldout.SHORT_RANDOM,
+    }
+    assert variants == {
+        "bait-lam0.01-linear",
+        "random-linear",
+        "bait-lam0.01-raw",
+        "bait-lam0.01-paper",
+        "bait-lam0.01-short",
+        "random-short",
+    }
     assert {r["strategy"] for r in tune} == {heldout.lam_name(x) for x in heldout.LAM_GRID} | {"random"} | variants
-    assert len(tune) == 3 * 8 * 2 * 3
+    assert len(tune) == 3 * 11 * 2 * 3
     for name in variants:
         got = {(r["config"], r["seed"], r["round"]) for r in tune if r["strategy"] == name}
         assert len(got) == 3 * 2 * 3, name
-    # the variants really differ from the default: raw features pick other rows, the linear head scores otherwise
+    # the variants really differ from the default: raw features and the paper convention pick other rows,
+    # the linear head and the short budget score otherwise
     picks = [json.loads(ln) for ln in (out / "tune" / "picks.jsonl").read_text().splitlines()]
     by = {(p["strategy"], p["config"], p["seed"], p["round"]): p["picked"] for p in picks}
     default = heldout.lam_name(0.01)
     keys = [k[1:] for k in by if k[0] == default]
     assert any(by[(heldout.RAW_BAIT, *k)] != by[(default, *k)] for k in keys)
+    assert any(by[(heldout.PAPER_BAIT, *k)] != by[(default, *k)] for k in keys)
     value = {(r["strategy"], r["config"], r["seed"], r["round"]): r["value"] for r in tune}
     assert any(value[("random-linear", *k)] != value[("random", *k)] for k in keys)
+    assert any(value[("random-short", *k)] != value[("random", *k)] for k in keys)
+    # the short head stops at a quarter of the smoke size's 15 epochs; the default's cap is the full 15
+    epochs = {(r["strategy"], r["config"], r["seed"], r["round"]): r["train_epochs"] for r in tune}
+    cap = heldout.short_epochs(heldout.SMOKE)
+    assert cap == 3
+    for name in (heldout.SHORT_BAIT, heldout.SHORT_RANDOM):
+        assert max(epochs[(name, *k)] for k in keys) == cap
+    assert max(epochs[(default, *k)] for k in keys) > cap
     # held-out phase is untouched by --variants
     held = read_results(out / "heldout" / "results.csv")
     assert not variants & {r["strategy"] for r in held}
@@ -118,17 +142,22 @@ def test_heldout_smoke_variants(tmp_path: Path, bundled_cache: Path) -> None:
 
     # report: the variant section, one row per task type with a pick, one row per tune dataset, one verdict
     readme = (out / "README.md").read_text()
-    assert readme.count("## Head and features, chosen on the tune half (`--variants`)") == 1
-    section = readme[readme.index("## Head and features") : readme.index("## Held-out results")]
+    title = "## Head, stop rule, features and convention, chosen on the tune half (`--variants`)"
+    assert readme.count(title) == 1
+    section = readme[readme.index(title) : readme.index("## Held-out results")]
     lines = section.splitlines()
     scores = heldout.variant_scores(tune)
     for tt, ds in (("binary", "breast-cancer"), ("multiclass", "wine"), ("regression", "diabetes")):
         row = next(ln for ln in lines if ln.startswith(f"| {tt} | {ds} | "))
-        assert row.count("%") == 3
+        assert row.count("%") == 5  # the default and the four variants
         pick = scores["by_type"][tt]["pick"]
         assert row.endswith(f" | **{'default' if pick == 'default' else heldout.VARIANTS[pick]}** |")
         ds_row = next(ln for ln in lines if ln.startswith(f"| {ds} | {tt} | "))
-        assert ds_row.count("%") == 4 and ds_row.count(", t ") == 2
+        # default, four variants, two variants against random with their own head; a paired t per variant
+        assert ds_row.count("%") == 7 and ds_row.count(", t ") == 4
+        assert set(scores["per_dataset"][ds]["vs_own_random"]) == {heldout.LINEAR_BAIT, heldout.SHORT_BAIT}
+    header = next(ln for ln in lines if ln.startswith("| dataset | task | default | "))
+    assert "convention=paper" in header and "stop=max_epochs/4 vs random-short" in header
     verdict = [ln for ln in lines if ln.startswith("Variant verdict: ")]
     assert len(verdict) == 1 and all(f"{tt}: " in verdict[0] for tt in heldout.TASK_TYPES)
 
@@ -150,11 +179,25 @@ def test_variant_pick_only_when_it_beats_the_default() -> None:
     assert r["pick"] == "default"
     assert r["mean"][d] == pytest.approx(0.1 / 0.65)
     assert r["mean"][heldout.LINEAR_BAIT] == pytest.approx(0.0)
-    assert got["per_dataset"]["synthetic-binary"]["linear_vs_own_random"] == pytest.approx(0.1 / 0.55)
+    assert got["per_dataset"]["synthetic-binary"]["vs_own_random"] == {heldout.LINEAR_BAIT: pytest.approx(0.1 / 0.55)}
     better = base | {("synthetic-binary", heldout.RAW_BAIT): [[0.5, 0.75, 0.85]] * 2}
     assert heldout.variant_scores(_rows(better))["by_type"]["binary"]["pick"] == heldout.RAW_BAIT
     md = heldout.variants_md(_rows(better))
     assert any(ln.startswith("| binary | synthetic-binary | ") and ln.endswith(" | **features=raw** |") for ln in md)
+    # the stop-rule variant: picked when it beats the default against the MLP head's random, and scored
+    # against random with its own short-budget head; the paper convention, below the default, is not
+    short = base | {
+        ("synthetic-binary", heldout.SHORT_BAIT): [[0.5, 0.72, 0.85]] * 2,  # (0.785 - 0.65) / 0.65
+        ("synthetic-binary", heldout.SHORT_RANDOM): [[0.5, 0.55, 0.65]] * 2,
+        ("synthetic-binary", heldout.PAPER_BAIT): [[0.5, 0.65, 0.75]] * 2,  # (0.7 - 0.65) / 0.65
+    }
+    got = heldout.variant_scores(_rows(short))
+    assert got["by_type"]["binary"]["pick"] == heldout.SHORT_BAIT
+    assert got["by_type"]["binary"]["mean"][heldout.PAPER_BAIT] == pytest.approx(0.05 / 0.65)
+    assert got["per_dataset"]["synthetic-binary"]["vs_own_random"][heldout.SHORT_BAIT] == pytest.approx(0.185 / 0.6)
+    md = heldout.variants_md(_rows(short))
+    row = next(ln for ln in md if ln.startswith("| binary | synthetic-binary | "))
+    assert row.endswith(" | **stop=max_epochs/4** |")
     # RMSE: the variant with the lower errors is the better one
     reg = {
         ("synthetic-regression", "random"): [[1.0, 0.9, 0.8]] * 2,
@@ -245,3 +288,10 @@ def test_posthoc_grid_only_when_extra_lams_ran() -> None:
     assert type_row.endswith(" | 0.1 | 0.01 |")  # best on held-out 0.1, chosen on tune 0.01
     assert "1 are significantly better and 0 significantly worse" in lines[-2]
     assert lines[-2].endswith("for binary (0.1).")
+
+
+def test_machines_line_names_every_machine() -> None:
+    one = {"machine": "box; torch (2 threads)", "started": "t0"}
+    assert heldout.machines_line([one, one | {"started": "t1"}]) == "Machine: box; torch (2 threads)."
+    two = heldout.machines_line([one, {"machine": "box; torch (1 threads)", "started": "t2"}])
+    assert two == "Machines: box; torch (2 threads) (runs started t0); box; torch (1 threads) (runs started t2)."
