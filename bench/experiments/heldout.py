@@ -29,8 +29,10 @@ was then reported on. This experiment separates the two, using the halves of the
     existing rows (default ``bait-lam0.01``, ``random``, the grid) are reused: the store is keyed by
     (experiment, config, strategy, seed, round) and the variants have their own strategy names. The
     report's variant section gives each variant's normalised area against random *with the MLP head*
-    (the default's baseline, so the columns compare whole pipelines) and picks per task type the
-    variant with the best mean, a new pick only when it beats the default's mean.
+    (the default's baseline, so the columns compare whole pipelines) and per task type the candidate (the
+    variant with the best mean, when it beats the default's) and the pick (the candidate only when it is
+    significantly better than the default on a tune dataset and worse on none: a pipeline change needs
+    evidence). ``--phase heldout`` runs each candidate on its task type's held-out datasets as a check.
 ``--phase heldout``
     On held-out-half datasets: BAIT with today's default (``lam = 0.01``), BAIT with the lam chosen for
     the dataset's task type (the same runs when the choice is 0.01), and ``random``.
@@ -159,6 +161,32 @@ def variant_specs() -> tuple[list[StrategySpec], list[StrategySpec], list[Strate
     linear = [StrategySpec(LINEAR_BAIT, "bait", params), StrategySpec(LINEAR_RANDOM, "random")]
     short = [StrategySpec(SHORT_BAIT, "bait", params), StrategySpec(SHORT_RANDOM, "random")]
     return mlp, linear, short
+
+
+def variant_runs(
+    name: str, phase: str, dataset: str, size: Mapping[str, int], lr: float
+) -> tuple[Setting, list[StrategySpec]]:
+    """The setting and specs that run variant ``name`` on ``dataset`` (with random on the variant's own
+    head when it has one: :data:`OWN_RANDOM`)."""
+    mlp, linear, short = variant_specs()
+    if name in (s.name for s in mlp):
+        return make_setting(phase, dataset, size, lr), [s for s in mlp if s.name == name]
+    if name == LINEAR_BAIT:
+        return make_setting(phase, dataset, size, lr, kind="linear"), linear
+    if name == SHORT_BAIT:
+        return make_setting(phase, dataset, {**size, "max_epochs": short_epochs(size)}, lr), short
+    raise ValueError(f"unknown variant {name!r}; expected one of {sorted(VARIANTS)}")
+
+
+def tune_picks(out: Path) -> dict[str, str]:
+    """Task type -> the tune half's variant candidate (a :data:`VARIANTS` name: best mean, beating the
+    default's) for the types that have one, run on the held-out half as a check whether or not it passed the
+    significance gate of the ``pick``; empty when the tune phase ran without ``--variants``."""
+    tune_csv = out / "tune" / "results.csv"
+    if not tune_csv.is_file():
+        return {}
+    by_type = variant_scores(read_results(tune_csv))["by_type"]
+    return {tt: str(v["candidate"]) for tt, v in by_type.items() if v["candidate"] != "default"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -392,6 +420,12 @@ def _run_phase(
                 raise SystemExit(f"choice.json has no lam for task type {tt!r} (run --phase tune on one)")
             lams = sorted({DEFAULT_LAM, float(choice[tt]), *extra_lams})
             run_grid([s], [*(bait_spec(lam) for lam in lams), RANDOM], seeds, store, desc=s.config, quiet=quiet)
+        # The tune half's head / features / convention pick of the dataset's task type, beside the default.
+        picks = tune_picks(out)
+        for d in datasets:
+            if task_type(d) in picks:
+                setting, specs = variant_runs(picks[task_type(d)], phase, d, size, lr)
+                run_grid([setting], specs, seeds, store, desc=f"{d} {picks[task_type(d)]}", quiet=quiet)
     rows = store.rows()
     plot_curves(rows, out / phase / "curves.png", title=f"held-out lam check: {phase} phase")
     if phase == "tune":
@@ -563,8 +597,10 @@ def variant_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     variant that ran, each variant's per-seed area minus the default's (mean, paired t, verdict) and, in
     ``vs_own_random``, each variant with a head of its own (:data:`OWN_RANDOM`: the linear head, the short
     training budget) against random with that head; per task type the datasets, the mean
-    normalised areas and the ``pick`` (the best-scoring variant when its mean beats the default's,
-    else ``"default"``). Datasets lacking ``random``, the default or every variant are left out.
+    normalised areas, the ``candidate`` (the best-scoring variant when its mean beats the default's, else
+    ``"default"``) and the ``pick``: the candidate when it is also significantly better than the default on
+    at least one of the type's datasets and significantly worse on none, else ``"default"``. Datasets lacking
+    ``random``, the default or every variant are left out.
     """
     data = {k[1]: v for k, v in curves(rows).items()}
     seeds = per_seed(rows)
@@ -599,8 +635,19 @@ def variant_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         mean = {n: float(np.mean([per_dataset[d]["norm_area"][n] for d in names])) for n in strategies}
         others = [n for n in strategies if n != default]
         best = max(others, key=lambda n: mean[n]) if others else default
-        pick = best if best != default and mean[best] > mean[default] else "default"
-        by_type[tt] = {"datasets": names, "mean": mean, "best_variant": best, "pick": pick}
+        candidate = best if best != default and mean[best] > mean[default] else "default"
+        # A variant replaces the default (a change of the pipeline, not a point on the lam grid) only with
+        # evidence: the best mean AND significantly better than the default on at least one tune dataset AND
+        # significantly worse on none. The best-by-mean candidate is still run on the held-out half as a check.
+        verdicts = [per_dataset[d]["vs_default"][candidate][2] for d in names] if candidate != "default" else []
+        gated = candidate != "default" and "better" in verdicts and "worse" not in verdicts
+        by_type[tt] = {
+            "datasets": names,
+            "mean": mean,
+            "best_variant": best,
+            "candidate": candidate,
+            "pick": candidate if gated else "default",
+        }
     return {"per_dataset": per_dataset, "by_type": by_type}
 
 
@@ -628,28 +675,37 @@ def variants_md(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "the 99 % training-accuracy target and the regression plateau rule unchanged), for the head BAIT "
         "reads and the head that is scored. Cell: mean over the type's datasets of the normalised area "
         "against random **with the default MLP head** (the default's baseline, so the columns compare whole "
-        "pipelines; higher is better). A variant is picked only when its mean beats the default's.",
+        "pipelines; higher is better). The *candidate* of a task type is the variant with the best mean when it "
+        "beats the default's; it is *picked* (replaces the default) only when it is also significantly better "
+        "than the default on at least one of the type's tune datasets and significantly worse on none.",
         "",
-        "| task type | datasets | " + " | ".join(label[n] for n in (default, *VARIANTS)) + " | tune-half pick |",
-        "|---|---|" + "---|" * (1 + len(VARIANTS)) + "---|",
+        "| task type | datasets | "
+        + " | ".join(label[n] for n in (default, *VARIANTS))
+        + " | candidate (best mean) | tune-half pick |",
+        "|---|---|" + "---|" * (1 + len(VARIANTS)) + "---|---|",
     ]
     verdicts = []
     for tt, r in got["by_type"].items():
         cells = [pct(r["mean"][n]) if n in r["mean"] else "—" for n in (default, *VARIANTS)]
-        pick = r["pick"]
+        pick, cand = r["pick"], r["candidate"]
         pick_label = "default" if pick == "default" else label[pick]
-        lines.append(f"| {tt} | {', '.join(r['datasets'])} | " + " | ".join(cells) + f" | **{pick_label}** |")
+        cand_label = "—" if cand == "default" else label[cand]
+        lines.append(
+            f"| {tt} | {', '.join(r['datasets'])} | " + " | ".join(cells) + f" | {cand_label} | **{pick_label}** |"
+        )
         best = r["best_variant"]
-        if pick == "default":
+        if cand == "default":
             verdicts.append(
                 f"{tt}: the default stays (best variant {label.get(best, best)} "
                 f"{pct(r['mean'].get(best, math.nan))} vs {pct(r['mean'][default])})"
             )
         else:
-            sig = [d for d in r["datasets"] if got["per_dataset"][d]["vs_default"][pick][2] == "better"]
+            per = [got["per_dataset"][d]["vs_default"][cand][2] for d in r["datasets"]]
             verdicts.append(
-                f"{tt}: {label[pick]} ({pct(r['mean'][pick])} vs the default's {pct(r['mean'][default])}; "
-                f"significantly better on {len(sig)} of {len(r['datasets'])} datasets)"
+                f"{tt}: candidate {label[cand]} ({pct(r['mean'][cand])} vs the default's {pct(r['mean'][default])}; "
+                f"significantly better on {per.count('better')} and worse on {per.count('worse')} of "
+                f"{len(r['datasets'])} datasets): "
+                + (f"{label[cand]} replaces the default" if pick != "default" else "the default stays")
             )
     new = [tt for tt, r in got["by_type"].items() if r["pick"] != "default"]
     lines += [
@@ -658,7 +714,7 @@ def variants_md(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         + (
             "the tune half keeps the default head, stop rule, features and convention for every task type"
             if not new
-            else f"the tune half picks a variant for {', '.join(new)} (not yet checked on the held-out half)"
+            else f"the tune half picks a variant for {', '.join(new)}"
         )
         + " — "
         + "; ".join(verdicts)
@@ -688,6 +744,84 @@ def variants_md(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(f"| {cfg} | {r['task']} | {pct(r['norm_area'][default])} | " + " | ".join([*cells, *own]) + " |")
     lines.append("")
     return lines
+
+
+def picks_heldout(rows: Sequence[Mapping[str, Any]], picks: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Per held-out dataset whose task type has a tune-half variant pick that ran: the pick against the
+    default and random (final metric, labels-to-random's-final, normalised area, per-budget tally vs random,
+    per-seed area difference from the default)."""
+    data = {k[1]: v for k, v in curves(rows).items()}
+    seeds = per_seed(rows)
+    metric = _metric_of(rows)
+    m0 = {str(r["config"]): int(r["labels"]) for r in rows if int(r["round"]) == 0}
+    default = lam_name(DEFAULT_LAM)
+    out: list[dict[str, Any]] = []
+    for cfg in sorted(data):
+        by_name, tt = data[cfg], task_type(cfg)
+        pick = picks.get(tt)
+        if pick is None or pick not in by_name or default not in by_name or "random" not in by_name:
+            continue
+        rand, mt = by_name["random"], metric[cfg]
+        target, final_labels = float(rand.mean[-1]), int(rand.labels[-1])
+        rec: dict[str, Any] = {"dataset": cfg, "task": tt, "metric": mt, "pick": pick, "random_final": target}
+        for role, name in (("default", default), ("variant", pick)):
+            c = by_name[name]
+            comp = paired_budgets(seeds[cfg][name], seeds[cfg]["random"], m0[cfg], mt)
+            rec[role] = {
+                "final": float(c.mean[-1]),
+                "final_se": float(c.se[-1]),
+                "frac": labels_to_reach(c.labels, c.mean, target, mt) / final_labels,
+                "norm_area": normalised_area(area(c.mean), area(rand.mean), mt),
+                "tally": [sum(v[2] == w for v in comp.values()) for w in ("better", "tied", "worse")],
+            }
+        rec["vs_default"] = compare_areas(seeds[cfg][pick], seeds[cfg][default], m0[cfg], mt)
+        out.append(rec)
+    return out
+
+
+def picks_heldout_md(rows: Sequence[Mapping[str, Any]], picks: Mapping[str, str]) -> list[str]:
+    """The section on the tune half's variant picks run on the held-out half (empty without picks)."""
+    recs = picks_heldout(rows, picks)
+    if not recs:
+        return []
+    lines = [
+        "## The tune half's variant candidates on the held-out half (a check, not a choice)",
+        "",
+        "Each task type with a tune-half candidate (above: the best mean, whether or not it passed the "
+        "significance gate) runs it on that type's held-out datasets, beside the default (`bait-lam0.01`) and "
+        "random, same seeds and initial labels; nothing here feeds back into the choice. "
+        "Normalised area against random with the default MLP head; `candidate - default`: mean over seeds of the "
+        "per-seed area difference in the metric's units, paired t, verdict (|t| > t_0.975 of the seeds).",
+        "",
+        "| dataset | task | candidate | final: default / candidate / random "
+        "| labels-to-random's-final: default / candidate "
+        "| normalised area: default / candidate | budgets better/tied/worse vs random: default / candidate "
+        "| candidate - default (area) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in recs:
+        d, k = r["default"], r["variant"]
+        diff, t, verdict, n = r["vs_default"]
+        lines.append(
+            f"| {r['dataset']} | {r['task']} | {VARIANTS[r['pick']]} | {d['final']:.3f} / {k['final']:.3f} / "
+            f"{r['random_final']:.3f} | {_fmt_frac(d['frac'])} / {_fmt_frac(k['frac'])} | "
+            f"{d['norm_area'] * 100:+.2f} % / {k['norm_area'] * 100:+.2f} % | "
+            f"{'/'.join(map(str, d['tally']))} / {'/'.join(map(str, k['tally']))} | "
+            f"{diff:+.4f} (t {t:+.2f}, {verdict}, {n} seeds) |"
+        )
+    for tt, pick in sorted(picks.items()):
+        mine = [r for r in recs if r["task"] == tt]
+        if not mine:
+            continue
+        verdicts = [r["vs_default"][2] for r in mine]
+        mean_gain = float(np.mean([r["variant"]["norm_area"] - r["default"]["norm_area"] for r in mine]))
+        lines += [
+            "",
+            f"{tt}: {VARIANTS[pick]} against the default over {len(mine)} held-out datasets: mean normalised-area "
+            f"change {mean_gain * 100:+.2f} points; better / tied / worse on "
+            f"{verdicts.count('better')} / {verdicts.count('tied')} / {verdicts.count('worse')}.",
+        ]
+    return [*lines, ""]
 
 
 def default_vs_random_md(table: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -931,6 +1065,7 @@ def report(out: Path) -> Path:
     runs = [r for r in _load_runs(out) if r.get("phase") in ("tune", "heldout")]
     tune_csv = out / "tune" / "results.csv"
     variants = variants_md(read_results(tune_csv)) if tune_csv.is_file() else []
+    variants += ["", *picks_heldout_md(rows, tune_picks(out))] if tune_picks(out) else []
     (out / "README.md").write_text(readme_md(choice, table, cvd, runs, seeds_n, posthoc, variants))
     return out
 
