@@ -175,8 +175,10 @@ def defaults_doc() -> dict[str, Any]:
             "rule": (
                 "one default for every task type (binary, multiclass, regression), pool size and class count: "
                 "on the tune half of the offline suite lam = 0.01 had the best mean normalised area over random "
-                "for each task type, and no variant (convention, head, stop rule, raw embeddings as features) "
-                "beat it significantly, so nothing depends on what the service knows about the pool"
+                "for each task type; a variant of the pipeline (convention 'paper', a linear head, a shorter "
+                "training budget, raw embeddings as BAIT's features) replaces a default only when it is "
+                "significantly better on a tune dataset and worse on none, and none was, so nothing depends on "
+                "what the service knows about the pool"
             ),
             "chosen_on": "tune half: breast-cancer, pima, wine, digits, diabetes, concrete",
             "checked_on": "held-out half: sonar, ionosphere, fine-foods, fashion-mnist, boston, diamonds",
