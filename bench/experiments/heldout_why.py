@@ -92,6 +92,8 @@ SMOKE_SEEDS = "2"
 #: target bins (edges are pool quantiles, in %)
 BIN_EDGES = (5, 25, 50, 75, 95)
 BIN_NAMES = ("<5", "5-25", "25-50", "50-75", "75-95", ">95")
+#: input names where known (diamonds: ``feature_names`` of shared/data/diamonds.npz)
+FEATURE_NAMES = {"diamonds": ("carat", "cut", "color", "clarity", "depth", "table", "x", "y", "z")}
 MARKER = "<!-- hand-written below this line: kept when the report is regenerated -->"
 #: normal quantiles for the seeds-needed estimate (5 % two-sided, 80 % power)
 Z_ALPHA, Z_POWER = 1.959964, 0.841621
@@ -118,6 +120,12 @@ def leverage(features: np.ndarray) -> np.ndarray:
     return np.einsum("ij,jk,ik->i", phi, inv, phi)
 
 
+def outliers(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` with some coordinate more than 3 s.d. (of ``x``'s own columns) from its mean."""
+    z = np.abs(x - x.mean(axis=0)) / (x.std(axis=0) + 1e-12)
+    return np.asarray(z.max(axis=1) > 3.0)
+
+
 def pick_stats(
     split_x: np.ndarray,
     y_pool: np.ndarray,
@@ -126,19 +134,21 @@ def pick_stats(
     labeled: np.ndarray,
     picked: np.ndarray,
     regression: bool,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Diagnostics of one picked batch against the pool's unlabeled rows (see the module docstring)."""
     n = split_x.shape[0]
     unl = np.setdiff1d(np.arange(n), labeled)
     mu, sd = split_x.mean(axis=0), split_x.std(axis=0) + 1e-12
     z = np.abs(split_x - mu) / sd
     dist = np.linalg.norm(split_x - mu, axis=1)
-    out = {
+    out: dict[str, Any] = {
         "feat_norm_pct": pool_percentile(np.linalg.norm(features, axis=1), picked, unl),
         "lev_pct": pool_percentile(leverage(features), picked, unl),
         "dist_pct": pool_percentile(dist, picked, unl),
         "outlier": float(np.mean(z[picked].max(axis=1) > 3.0)),
         "pool_outlier": float(np.mean(z[unl].max(axis=1) > 3.0)),
+        "outlier_dims": [float(v) for v in np.mean(z[picked] > 3.0, axis=0)],
+        "pool_outlier_dims": [float(v) for v in np.mean(z[unl] > 3.0, axis=0)],
     }
     if regression:
         y = y_pool[:, 0].astype(np.float64)
@@ -237,6 +247,84 @@ def replay(setting: Setting, name: str, seed: int, store: ResultStore) -> list[d
             labeled.extend(picked.tolist())
         records.append(rec)
     return records
+
+
+def ablation(setting: Setting, seed: int, store: ResultStore) -> list[dict[str, Any]]:
+    """The last round's head retrained without the picked input outliers (:func:`outliers` of the pool).
+
+    Per strategy: ``all`` (the final labeled set, as run), ``no_outliers`` (its picked rows with an input
+    coordinate > 3 pool s.d. removed; the shared initial rows stay); for BAIT also ``control`` (as many of
+    its other picked rows removed, at random), so a gain is not just from having fewer labels. Same seed
+    and head as the run's last round."""
+    split = setting.split
+    bad = outliers(split.X_pool)
+    init = initial_labels(split.X_pool.shape[0], setting.m0, seed)
+    regression = split.task == "regression"
+    recs: list[dict[str, Any]] = []
+    for spec in SPECS:
+        got = store.picks((setting.experiment, setting.config, spec.name, int(seed)))
+        picked = np.concatenate([np.asarray(got[r], dtype=np.int64) for r in sorted(got)])
+        full = np.concatenate([init, picked])
+        drop = picked[bad[picked]]
+        variants = {"all": full, "no_outliers": np.setdiff1d(full, drop)}
+        if spec.name == BAIT.name:
+            inliers = picked[~bad[picked]]
+            rng = np.random.default_rng([seed, 0xAB1])
+            ctrl = rng.choice(inliers, size=min(len(drop), len(inliers)), replace=False)
+            variants["control"] = np.setdiff1d(full, ctrl)
+        for name, rows in variants.items():
+            trained = train_head(
+                setting.head, split.X_pool[rows], split.y_pool[rows], seed=round_seed(seed, setting.rounds)
+            )
+            scores = evaluate(trained, split.X_test, split.y_test)
+            recs.append(
+                {
+                    "dataset": setting.config,
+                    "strategy": spec.name,
+                    "seed": int(seed),
+                    "variant": name,
+                    "labels": int(rows.shape[0]),
+                    "dropped": int(full.shape[0] - rows.shape[0]),
+                    "value": float(scores["rmse"] if regression else scores["accuracy"]),
+                    **test_stats(setting, trained, rows),
+                }
+            )
+    return recs
+
+
+def influence(setting: Setting, seed: int, store: ResultStore) -> list[dict[str, Any]]:
+    """Leave-one-out over BAIT's picked input outliers: for each such row of its final labeled set, the last
+    round's head retrained (same seed) without that row alone; the change of the test metric (and, for
+    regression, of the RMSE per target bin) against the set as run."""
+    split = setting.split
+    bad = outliers(split.X_pool)
+    init = initial_labels(split.X_pool.shape[0], setting.m0, seed)
+    got = store.picks((setting.experiment, setting.config, BAIT.name, int(seed)))
+    picked = np.concatenate([np.asarray(got[r], dtype=np.int64) for r in sorted(got)])
+    full = np.concatenate([init, picked])
+    regression = split.task == "regression"
+
+    def fit(rows: np.ndarray) -> tuple[float, dict[str, Any]]:
+        trained = train_head(
+            setting.head, split.X_pool[rows], split.y_pool[rows], seed=round_seed(seed, setting.rounds)
+        )
+        scores = evaluate(trained, split.X_test, split.y_test)
+        return float(scores["rmse"] if regression else scores["accuracy"]), test_stats(setting, trained, rows)
+
+    base_value, base_stats = fit(full)
+    recs: list[dict[str, Any]] = []
+    for row in picked[bad[picked]]:
+        value, stats = fit(full[full != row])
+        rec: dict[str, Any] = {
+            "dataset": setting.config,
+            "seed": int(seed),
+            "row": int(row),
+            "delta": value - base_value,
+        }
+        if regression:
+            rec["delta_bin"] = {k: stats["rmse_bin"][k] - base_stats["rmse_bin"][k] for k in base_stats["rmse_bin"]}
+        recs.append(rec)
+    return recs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -424,12 +512,115 @@ def overlap_md(store: ResultStore, setting: Setting, seeds: Sequence[int]) -> li
     ]
 
 
+def ablation_md(records: Sequence[Mapping[str, Any]], regression: bool) -> list[str]:
+    """The outlier ablation (:func:`ablation`): per variant the seed-mean test metric, the labels removed,
+    and the paired t against random's final set as run."""
+    if not records:
+        return []
+    cols = ["value"] + (["<5", "mid90", ">95"] if regression else [])
+
+    def get(r: Mapping[str, Any], c: str) -> float:
+        return float(r["value"]) if c == "value" else float(r["rmse_bin"][c])
+
+    ref = {int(r["seed"]): r for r in records if r["strategy"] == RANDOM.name and r["variant"] == "all"}
+    head = " | ".join(f"{'test metric' if c == 'value' else 'RMSE ' + c} (t vs random as run)" for c in cols)
+    lines = [
+        "Ablation: the last round's head retrained (same seed) on the final labeled set without the picked rows "
+        "that have an input coordinate > 3 pool s.d. out (`no_outliers`); `control` removes as many of BAIT's "
+        "other picks at random. Seed means; t = paired t against random's final set as run.",
+        "",
+        f"| strategy | variant | labels removed (mean) | {head} |",
+        "|---|---|---|" + "---|" * len(cols),
+    ]
+    for spec in SPECS:
+        for variant in ("all", "no_outliers", "control"):
+            mine = {int(r["seed"]): r for r in records if r["strategy"] == spec.name and r["variant"] == variant}
+            if not mine:
+                continue
+            seeds = sorted(set(mine) & set(ref))
+            cells = []
+            for c in cols:
+                a = np.array([get(mine[s], c) for s in seeds])
+                b = np.array([get(ref[s], c) for s in seeds])
+                if np.isnan(a).any() or np.isnan(b).any():
+                    cells.append("—")
+                    continue
+                t = "" if spec.name == RANDOM.name and variant == "all" else f" ({_fmt_t(paired_t(a, b))})"
+                cells.append(f"{a.mean():.3f}{t}")
+            dropped = np.mean([mine[s]["dropped"] for s in seeds])
+            lines.append(f"| {spec.name} | {variant} | {dropped:.1f} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def outlier_dims_md(records: Sequence[Mapping[str, Any]], names: Sequence[str], top: int = 6) -> list[str]:
+    """Per input coordinate: fraction of picks more than 3 pool s.d. out (BAIT, random, pool), the
+    ``top`` coordinates by BAIT's fraction."""
+    picks = {s.name: [r["picks"] for r in records if r["strategy"] == s.name and "picks" in r] for s in SPECS}
+    if not picks[BAIT.name]:
+        return []
+    frac = {k: np.mean([p["outlier_dims"] for p in v], axis=0) for k, v in picks.items()}
+    pool = np.mean([p["pool_outlier_dims"] for p in picks[BAIT.name]], axis=0)
+    order = np.argsort(-frac[BAIT.name])[:top]
+    lines = [
+        "Which input coordinates the outlying picks are out on (fraction of picks with |z| > 3 on that "
+        f"coordinate; the {len(order)} highest for BAIT):",
+        "",
+        "| input | BAIT | random | pool |",
+        "|---|---|---|---|",
+    ]
+    for j in order:
+        name = names[j] if j < len(names) else f"x{j}"
+        lines.append(f"| {name} | {frac[BAIT.name][j]:.3f} | {frac[RANDOM.name][j]:.3f} | {pool[j]:.3f} |")
+    return [*lines, ""]
+
+
+def influence_md(
+    records: Sequence[Mapping[str, Any]], setting: Setting, names: Sequence[str], top: int = 8
+) -> list[str]:
+    """The rows whose removal changes BAIT's final test metric most (:func:`influence`), mean over the
+    seeds whose final set holds them."""
+    if not records:
+        return []
+    split = setting.split
+    z = (split.X_pool - split.X_pool.mean(axis=0)) / (split.X_pool.std(axis=0) + 1e-12)
+    by: dict[int, list[Mapping[str, Any]]] = {}
+    for r in records:
+        by.setdefault(int(r["row"]), []).append(r)
+    regression = split.task == "regression"
+    sign = 1.0 if regression else -1.0  # rank by how much the removal helps
+    order = sorted(by, key=lambda i: sign * float(np.mean([r["delta"] for r in by[i]])))[:top]
+    n_seeds = len({int(r["seed"]) for r in records})
+    lines = [
+        f"Leave-one-out over BAIT's picked input outliers ({len(by)} distinct rows in {n_seeds} seeds' final "
+        "sets): the last round's head retrained without that row alone; Δ = test metric without it − with it, "
+        f"mean over the seeds whose final set holds it (the {len(order)} rows whose removal helps most).",
+        "",
+        "| pool row | in BAIT's final set (seeds) | inputs > 3 s.d. (z) | target pool percentile | Δ test metric |"
+        + (" Δ RMSE <5 | Δ RMSE mid90 |" if regression else ""),
+        "|---|---|---|---|---|" + ("---|---|" if regression else ""),
+    ]
+    for i in order:
+        dims = ", ".join(
+            f"{names[j] if j < len(names) else f'x{j}'} {z[i, j]:+.1f}"
+            for j in np.flatnonzero(np.abs(z[i]) > 3.0).tolist()
+        )
+        if regression:
+            ypct = f"{np.mean(split.y_pool[:, 0] < split.y_pool[i, 0]) * 100:.0f}"
+        else:
+            ypct = f"class {int(split.y_pool[i])}"
+        cells = [f"{np.mean([r['delta'] for r in by[i]]):+.4f}"]
+        if regression:
+            cells += [f"{np.mean([r['delta_bin'][k] for r in by[i]]):+.4f}" for k in ("<5", "mid90")]
+        lines.append(f"| {i} | {len(by[i])} | {dims} | {ypct} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 # --------------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------------
 
 
-def reproduces_heldout(rows: Sequence[Mapping[str, Any]], heldout_csv: Path) -> str:
+def reproduces_heldout(rows: Sequence[Mapping[str, Any]], out: Path, heldout_csv: Path) -> str:
     """Whether the shared seeds' rows equal the held-out experiment's (``heldout/heldout/results.csv``)."""
     if not heldout_csv.is_file():
         return "the held-out experiment's results.csv was not found, so not compared"
@@ -437,17 +628,27 @@ def reproduces_heldout(rows: Sequence[Mapping[str, Any]], heldout_csv: Path) -> 
         (r["config"], r["strategy"], int(r["seed"]), int(r["round"])): float(r["value"])
         for r in read_results(heldout_csv)
     }
-    same = diff = 0
+    gaps = []
     for r in rows:
         k = (r["config"], r["strategy"], int(r["seed"]), int(r["round"]))
         if k in theirs:
-            if abs(theirs[k] - float(r["value"])) <= 1e-9:
-                same += 1
-            else:
-                diff += 1
-    if same + diff == 0:
+            gaps.append(abs(theirs[k] - float(r["value"])))
+    if not gaps:
         return "no rows in common with the held-out experiment's results.csv"
-    return f"{same} of {same + diff} rows shared with `heldout/heldout/results.csv` have the identical value"
+    mine_picks, their_picks = _picks_by_key(out / "picks.jsonl"), _picks_by_key(heldout_csv.parent / "picks.jsonl")
+    shared = [k for k in mine_picks if k in their_picks]
+    same_picks = sum(sorted(mine_picks[k]) == sorted(their_picks[k]) for k in shared)
+    return (
+        f"of the {len(gaps)} (dataset, strategy, seed, round) rows shared with `heldout/heldout/results.csv`, "
+        f"{sum(g == 0.0 for g in gaps)} have the identical test metric and all differ by at most {max(gaps):.1e} "
+        f"(float rounding: a different torch thread count); the picked rows are identical in {same_picks} of "
+        f"{len(shared)} shared rounds"
+    )
+
+
+def _picks_by_key(path: Path) -> dict[tuple[str, str, int, int], list[int]]:
+    """(config, strategy, seed, round) -> picked rows of a ``picks.jsonl``."""
+    return {(r["config"], r["strategy"], int(r["seed"]), int(r["round"])): r["picked"] for r in _load_jsonl(path)}
 
 
 def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs: Sequence[Mapping[str, Any]]) -> str:
@@ -456,6 +657,8 @@ def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs
     names = {spec.name for spec in SPECS}
     rows = [r for r in store.rows() if int(r["seed"]) in want and r["strategy"] in names]
     records = [r for r in _load_jsonl(out / "diagnostics.jsonl") if int(r["seed"]) in want]
+    abl = [r for r in _load_jsonl(out / "ablation.jsonl") if int(r["seed"]) in want]
+    infl = [r for r in _load_jsonl(out / "influence.jsonl") if int(r["seed"]) in want]
     n_seeds = len(seeds)
     s0 = settings[0]
     lines = [
@@ -467,7 +670,7 @@ def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs
         f"and random with {n_seeds} seeds, then "
         "replays every round to measure what BAIT picked.",
         "",
-        f"Reproduction: {reproduces_heldout(rows, RESULTS_ROOT / 'heldout' / 'heldout' / 'results.csv')}; "
+        f"Reproduction: {reproduces_heldout(rows, out, RESULTS_ROOT / 'heldout' / 'heldout' / 'results.csv')}; "
         f"replayed heads give the stored test metric in {sum(r['replay_matches'] for r in records)} of "
         f"{len(records)} rounds.",
         "",
@@ -487,12 +690,15 @@ def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for b in budget_table(rows, ds):
-            need = "∞" if math.isinf(b["seeds_needed"]) else f"{b['seeds_needed']:.0f}"
+            need = "> 1000" if b["seeds_needed"] > 1000 else f"{b['seeds_needed']:.0f}"
             lines.append(
                 f"| {b['labels']} | {b['bait']:.3f} | {b['random']:.3f} | {b['diff']:+.3f} | {b['sd_diff']:.3f} | "
                 f"{_fmt_t(b['t'])} | {b['crit']:.2f} | {b['verdict']} | {need} | {_fmt_t(b['first3_t'])} |"
             )
         lines += ["", *pick_table_md(recs, n_seeds)]
+        lines += outlier_dims_md(recs, FEATURE_NAMES.get(ds, ()))
+        lines += ablation_md([r for r in abl if r["dataset"] == ds], s.split.task == "regression")
+        lines += influence_md([r for r in infl if r["dataset"] == ds], s, FEATURE_NAMES.get(ds, ()))
         if s.split.task == "regression":
             lines += per_round_md(recs, ("tail_lo", "tail_hi", "lev_pct"))
             lines += bins_md(
@@ -524,7 +730,7 @@ def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs
     lines += [
         "",
         f"Files: `{out.name}/results.csv`, `picks.jsonl` (the runs), `diagnostics.jsonl` (one record per "
-        "(dataset, strategy, seed, round)), `runs.jsonl`, `curves.png`.",
+        "(dataset, strategy, seed, round)), `ablation.jsonl`, `influence.jsonl`, `runs.jsonl`, `curves.png`.",
         "",
     ]
     return "\n".join(lines)
@@ -603,6 +809,20 @@ def main(argv: Sequence[str] | None = None) -> Path:
                 recs = replay(s, spec.name, seed, store)
                 with diag_path.open("a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in recs)
+    abl_path = out / "ablation.jsonl"
+    have_abl = {(r["dataset"], r["seed"]) for r in _load_jsonl(abl_path)}
+    for s in settings:
+        for seed in seeds:
+            if (s.config, seed) not in have_abl:
+                with abl_path.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in ablation(s, seed, store))
+    infl_path = out / "influence.jsonl"
+    have_infl = {(r["dataset"], r["seed"]) for r in _load_jsonl(infl_path)}
+    for s in settings:
+        for seed in seeds:
+            if (s.config, seed) not in have_infl:
+                with infl_path.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in influence(s, seed, store))
     rec["wall_s"] = round(time.perf_counter() - t0, 1)
     rec["load_end"] = list(os.getloadavg())
     with (out / "runs.jsonl").open("a") as f:

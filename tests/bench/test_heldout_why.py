@@ -55,6 +55,34 @@ def test_smoke_runs_replays_and_reports(tmp_path: Path) -> None:
     }
     assert lev[heldout_why.BAIT.name] > lev["random"] + 10, lev
 
+    # the ablation: every seed and strategy; 'all' is the last round's set as run (same head, same metric)
+    abl = [json.loads(x) for x in (out / "ablation.jsonl").read_text().splitlines()]
+    last = {(r["config"], r["strategy"], r["seed"]): r["value"] for r in rows if r["round"] == 2}
+    for r in abl:
+        assert r["labels"] + r["dropped"] == 20
+        if r["variant"] == "all":
+            assert r["value"] == last[(r["dataset"], r["strategy"], r["seed"])]
+    assert {(r["strategy"], r["variant"]) for r in abl} == {
+        (heldout_why.BAIT.name, "all"),
+        (heldout_why.BAIT.name, "no_outliers"),
+        (heldout_why.BAIT.name, "control"),
+        ("random", "all"),
+        ("random", "no_outliers"),
+    }
+    # the leave-one-out: only BAIT's picked outliers of its final set
+    picked: dict[tuple[str, int], set[int]] = {}
+    for line in (out / "picks.jsonl").read_text().splitlines():
+        p = json.loads(line)
+        if p["strategy"] == heldout_why.BAIT.name:
+            picked.setdefault((p["config"], p["seed"]), set()).update(p["picked"])
+    infl = [json.loads(x) for x in (out / "influence.jsonl").read_text().splitlines()]
+    assert infl  # the synthetic-binary pool has outliers that BAIT picks
+    for r in infl:
+        assert r["row"] in picked[(r["dataset"], r["seed"])]
+        split = heldout_why.make_setting("why", r["dataset"], heldout_why.SMOKE, 1e-2).split
+        assert heldout_why.outliers(split.X_pool)[r["row"]]
+        assert abs(r["delta"]) < 1.0
+
     # the report: the tables with numbers, the command and its load, and the kept hand-written tail
     text = report.read_text()
     for ds in heldout_why.SMOKE_DATASETS:
@@ -62,6 +90,7 @@ def test_smoke_runs_replays_and_reports(tmp_path: Path) -> None:
     assert "| 15 | " in text and "| 20 | " in text  # per-budget rows
     assert "leverage in the penultimate features, pool percentile" in text
     assert "fraction above the pool's 95 % target quantile" in text
+    assert "Ablation: the last round's head retrained" in text and "Leave-one-out" in text
     assert "Test RMSE per target bin" in text and "Test accuracy per true class" in text
     assert "replayed heads give the stored test metric in 24 of 24 rounds" in text
     assert "python -m bench.experiments.heldout_why --smoke" in text and " → " in text
