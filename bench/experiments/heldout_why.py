@@ -4,7 +4,7 @@ The held-out check (:mod:`bench.experiments.heldout`) found BAIT (lam = 0.01, ML
 batches of 10) never reaching random's final metric on **diamonds** (regression) and **sonar** (binary).
 This experiment re-runs that setting -- the same :func:`~bench.experiments.heldout.make_setting` sizes,
 :func:`~bench.experiments.heldout.load_split` data and :func:`~bench.experiments.common.run_grid` loop, so
-seeds 0-2 reproduce the held-out rows bit for bit -- with more seeds (default 10), and then *replays*
+seeds 0-2 reproduce the held-out rows bit for bit -- with more seeds (default 20), and then *replays*
 every run: for each round it rebuilds the labeled set from ``picks.jsonl``, retrains the head with the
 round's seed (bitwise the same head, which the replay checks against the stored test metric) and records
 
@@ -29,13 +29,19 @@ per round, on the test set:
       nearest labeled row (raw inputs: how well the labeled set covers them);
     * classification: accuracy per true class.
 
+Then, to test whether the input outliers BAIT picks are what costs it: the last round's head retrained
+without the picked outliers (and, as a control, without as many other picks), a leave-one-out over each
+picked outlier row, and both strategies re-run on the pool with its input outliers removed (``--clean``,
+config ``<dataset>-no-outliers``) and with only given rows removed (``--drop``, config
+``<dataset>-minus-<rows>``); the test set is unchanged.
+
 The report (``why.md``) gives, per dataset: BAIT and random per budget over all seeds (mean difference,
 paired t, the 5 % critical value, and how many seeds a 5 %-level test with 80 % power would need for the
 observed difference), the pick diagnostics (mean over rounds; BAIT minus random paired over seeds), the
 per-round tail / leverage fractions, and the test error per bin. The text below the marker line
 ``<!-- hand-written ... -->`` in an existing ``why.md`` is kept when the report is regenerated.
 
-    python -m bench.experiments.heldout_why                 # diamonds + sonar, 10 seeds
+    python -m bench.experiments.heldout_why                 # diamonds + sonar, 20 seeds
     python -m bench.experiments.heldout_why --seeds 0-19 --datasets sonar
     python -m bench.experiments.heldout_why --smoke --out /tmp/why   # < 60 s, synthetic stand-ins
 """
@@ -49,6 +55,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +94,7 @@ DATASETS = ("diamonds", "sonar")
 SMOKE_DATASETS = ("synthetic-regression", "synthetic-binary")
 BAIT = bait_spec(DEFAULT_LAM)
 SPECS = (BAIT, RANDOM)
-DEFAULT_SEEDS = "10"
+DEFAULT_SEEDS = "20"
 SMOKE_SEEDS = "2"
 #: target bins (edges are pool quantiles, in %)
 BIN_EDGES = (5, 25, 50, 75, 95)
@@ -124,6 +131,21 @@ def outliers(x: np.ndarray) -> np.ndarray:
     """Rows of ``x`` with some coordinate more than 3 s.d. (of ``x``'s own columns) from its mean."""
     z = np.abs(x - x.mean(axis=0)) / (x.std(axis=0) + 1e-12)
     return np.asarray(z.max(axis=1) > 3.0)
+
+
+def cleaned(setting: Setting) -> Setting:
+    """``setting`` with the pool's input outliers (:func:`outliers`) removed; config ``<config>-no-outliers``."""
+    keep = ~outliers(setting.split.X_pool)
+    split = replace(setting.split, X_pool=setting.split.X_pool[keep], y_pool=setting.split.y_pool[keep])
+    return replace(setting, config=f"{setting.config}-no-outliers", split=split)
+
+
+def without_rows(setting: Setting, rows: Sequence[int]) -> Setting:
+    """``setting`` with the given pool rows removed; config ``<config>-minus-<rows>``."""
+    keep = np.ones(setting.split.X_pool.shape[0], dtype=bool)
+    keep[list(rows)] = False
+    split = replace(setting.split, X_pool=setting.split.X_pool[keep], y_pool=setting.split.y_pool[keep])
+    return replace(setting, config=f"{setting.config}-minus-{'-'.join(str(r) for r in rows)}", split=split)
 
 
 def pick_stats(
@@ -301,6 +323,7 @@ def influence(setting: Setting, seed: int, store: ResultStore) -> list[dict[str,
     init = initial_labels(split.X_pool.shape[0], setting.m0, seed)
     got = store.picks((setting.experiment, setting.config, BAIT.name, int(seed)))
     picked = np.concatenate([np.asarray(got[r], dtype=np.int64) for r in sorted(got)])
+    picked_at = {int(i): r for r in got for i in got[r]}
     full = np.concatenate([init, picked])
     regression = split.task == "regression"
 
@@ -319,6 +342,8 @@ def influence(setting: Setting, seed: int, store: ResultStore) -> list[dict[str,
             "dataset": setting.config,
             "seed": int(seed),
             "row": int(row),
+            "round": picked_at[int(row)],
+            "value": value,
             "delta": value - base_value,
         }
         if regression:
@@ -332,13 +357,18 @@ def influence(setting: Setting, seed: int, store: ResultStore) -> list[dict[str,
 # --------------------------------------------------------------------------------------------------
 
 
-def seeds_needed(diffs: np.ndarray) -> float:
-    """Seeds a paired 5 % two-sided test with 80 % power would need for the observed mean difference
-    (normal approximation ``((z_a + z_b) sd / mean)^2``); ``inf`` for a zero mean."""
-    mu, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
-    if mu == 0.0:
+def seeds_for(mean: float, sd: float) -> float:
+    """Seeds a paired 5 % two-sided test with 80 % power needs to detect a true mean difference ``mean``
+    when the per-seed differences have s.d. ``sd`` (normal approximation ``((z_a + z_b) sd / mean)^2``,
+    rounded up); ``inf`` for a zero mean."""
+    if mean == 0.0:
         return math.inf
-    return float(math.ceil(((Z_ALPHA + Z_POWER) * sd / abs(mu)) ** 2))
+    return float(math.ceil(((Z_ALPHA + Z_POWER) * sd / abs(mean)) ** 2))
+
+
+def seeds_needed(diffs: np.ndarray) -> float:
+    """:func:`seeds_for` the observed mean and s.d. of the per-seed differences ``diffs``."""
+    return seeds_for(float(np.mean(diffs)), float(np.std(diffs, ddof=1)))
 
 
 def budget_table(rows: Sequence[Mapping[str, Any]], dataset: str) -> list[dict[str, Any]]:
@@ -366,6 +396,11 @@ def budget_table(rows: Sequence[Mapping[str, Any]], dataset: str) -> list[dict[s
                 "n": n,
                 "seeds_needed": seeds_needed(a - b),
                 "first3_t": paired_t(a[:3], b[:3]) if n >= 3 else math.nan,
+                "first3_diff": float(np.mean(a[:3] - b[:3])) if n >= 3 else math.nan,
+                # seeds to detect a true difference the size of seeds 0-2's, at this budget's spread
+                "seeds_for_first3": seeds_for(float(np.mean(a[:3] - b[:3])), float(np.std(a - b, ddof=1)))
+                if n >= 3
+                else math.nan,
             }
         )
     return out
@@ -405,6 +440,10 @@ PICK_FIELDS: dict[str, tuple[str, str]] = {
     "margin": ("margin |p1 - p0| of the picking head", "pool_margin"),
     "correct": ("fraction the picking head already classified right", "pool_correct"),
 }
+
+
+def _fmt_need(n: float) -> str:
+    return "—" if math.isnan(n) else ("> 1000" if n > 1000 else f"{n:.0f}")
 
 
 def _fmt_t(t: float) -> str:
@@ -507,7 +546,12 @@ def overlap_md(store: ResultStore, setting: Setting, seeds: Sequence[int]) -> li
         f"Pool {setting.split.X_pool.shape[0]} rows, test {setting.split.X_test.shape[0]} rows; the last budget "
         f"labels {n_final} rows ({n_final / setting.split.X_pool.shape[0] * 100:.0f} % of the pool). Overlap "
         f"(Jaccard) of BAIT's and random's final labeled sets: {np.mean(jac):.2f} (min {min(jac):.2f}, "
-        f"max {max(jac):.2f}) over seeds, initial {setting.m0} included.",
+        f"max {max(jac):.2f}) over seeds, initial {setting.m0} included."
+        + (
+            f" One test row is {1 / setting.split.X_test.shape[0]:.3f} of accuracy."
+            if setting.split.task == "classification"
+            else ""
+        ),
         "",
     ]
 
@@ -575,7 +619,11 @@ def outlier_dims_md(records: Sequence[Mapping[str, Any]], names: Sequence[str], 
 
 
 def influence_md(
-    records: Sequence[Mapping[str, Any]], setting: Setting, names: Sequence[str], top: int = 8
+    records: Sequence[Mapping[str, Any]],
+    setting: Setting,
+    names: Sequence[str],
+    random_final: Mapping[int, float],
+    top: int = 8,
 ) -> list[str]:
     """The rows whose removal changes BAIT's final test metric most (:func:`influence`), mean over the
     seeds whose final set holds them."""
@@ -595,9 +643,9 @@ def influence_md(
         "sets): the last round's head retrained without that row alone; Δ = test metric without it − with it, "
         f"mean over the seeds whose final set holds it (the {len(order)} rows whose removal helps most).",
         "",
-        "| pool row | in BAIT's final set (seeds) | inputs > 3 s.d. (z) | target pool percentile | Δ test metric |"
-        + (" Δ RMSE <5 | Δ RMSE mid90 |" if regression else ""),
-        "|---|---|---|---|---|" + ("---|---|" if regression else ""),
+        "| pool row | in BAIT's final set (seeds) | picked in round (median) | inputs > 3 s.d. (z) | "
+        "target pool percentile | Δ test metric |" + (" Δ RMSE <5 | Δ RMSE mid90 |" if regression else ""),
+        "|---|---|---|---|---|---|" + ("---|---|" if regression else ""),
     ]
     for i in order:
         dims = ", ".join(
@@ -611,7 +659,19 @@ def influence_md(
         cells = [f"{np.mean([r['delta'] for r in by[i]]):+.4f}"]
         if regression:
             cells += [f"{np.mean([r['delta_bin'][k] for r in by[i]]):+.4f}" for k in ("<5", "mid90")]
-        lines.append(f"| {i} | {len(by[i])} | {dims} | {ypct} | " + " | ".join(cells) + " |")
+        rnd = float(np.median([r["round"] for r in by[i]]))
+        lines.append(f"| {i} | {len(by[i])} | {rnd:g} | {dims} | {ypct} | " + " | ".join(cells) + " |")
+    best = order[0]
+    seeds = sorted(int(r["seed"]) for r in by[best] if int(r["seed"]) in random_final)
+    if len(seeds) >= 2:
+        a = np.array([next(float(r["value"]) for r in by[best] if int(r["seed"]) == sd) for sd in seeds])
+        b = np.array([random_final[sd] for sd in seeds])
+        lines += [
+            "",
+            f"Without row {best} alone, BAIT's last-round test metric is {a.mean():.3f} against random's "
+            f"{b.mean():.3f} (paired t {_fmt_t(paired_t(a, b))} over the {len(seeds)} seeds whose final set "
+            "holds the row).",
+        ]
     return [*lines, ""]
 
 
@@ -651,7 +711,34 @@ def _picks_by_key(path: Path) -> dict[tuple[str, str, int, int], list[int]]:
     return {(r["config"], r["strategy"], int(r["seed"]), int(r["round"])): r["picked"] for r in _load_jsonl(path)}
 
 
-def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs: Sequence[Mapping[str, Any]]) -> str:
+def budget_md(rows: Sequence[Mapping[str, Any]], ds: str, n_seeds: int) -> list[str]:
+    """The per-budget table of :func:`budget_table`."""
+    lines = [
+        f"BAIT vs random per budget over {n_seeds} seeds (diff = BAIT − random; sd = s.d. of the per-seed "
+        "differences; seeds needed = paired 5 % test with 80 % power for this difference, normal "
+        "approximation; seeds 0-2 = the held-out check's 3 seeds: their mean difference, their paired t, and "
+        "the seeds needed to detect a true difference of that size at this spread):",
+        "",
+        "| labels | BAIT | random | diff | sd | t | 5 % crit | verdict | seeds needed | seeds 0-2: diff | "
+        "seeds 0-2: t | seeds to detect the seeds-0-2 diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in budget_table(rows, ds):
+        lines.append(
+            f"| {b['labels']} | {b['bait']:.3f} | {b['random']:.3f} | {b['diff']:+.3f} | {b['sd_diff']:.3f} | "
+            f"{_fmt_t(b['t'])} | {b['crit']:.2f} | {b['verdict']} | {_fmt_need(b['seeds_needed'])} | "
+            f"{b['first3_diff']:+.3f} | {_fmt_t(b['first3_t'])} | {_fmt_need(b['seeds_for_first3'])} |"
+        )
+    return lines
+
+
+def report_md(
+    out: Path,
+    settings: Sequence[Setting],
+    seeds: Sequence[int],
+    runs: Sequence[Mapping[str, Any]],
+    clean: Sequence[Setting] = (),
+) -> str:
     store = ResultStore(out)
     want = set(seeds)
     names = {spec.name for spec in SPECS}
@@ -681,24 +768,17 @@ def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs
         metric = s.split.metric
         sense = "lower is better" if lower_is_better(metric) else "higher is better"
         lines += [f"## {ds} ({s.split.task}, {metric}: {sense})", "", *overlap_md(store, s, seeds)]
-        lines += [
-            f"BAIT vs random per budget over {n_seeds} seeds (diff = BAIT − random; sd = s.d. of the per-seed "
-            "differences; seeds needed = paired 5 % test with 80 % power for this difference, normal "
-            "approximation; t (seeds 0-2) = the held-out check's 3 seeds):",
-            "",
-            "| labels | BAIT | random | diff | sd | t | 5 % crit | verdict | seeds needed | t (seeds 0-2) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for b in budget_table(rows, ds):
-            need = "> 1000" if b["seeds_needed"] > 1000 else f"{b['seeds_needed']:.0f}"
-            lines.append(
-                f"| {b['labels']} | {b['bait']:.3f} | {b['random']:.3f} | {b['diff']:+.3f} | {b['sd_diff']:.3f} | "
-                f"{_fmt_t(b['t'])} | {b['crit']:.2f} | {b['verdict']} | {need} | {_fmt_t(b['first3_t'])} |"
-            )
+        lines += budget_md(rows, ds, n_seeds)
         lines += ["", *pick_table_md(recs, n_seeds)]
         lines += outlier_dims_md(recs, FEATURE_NAMES.get(ds, ()))
         lines += ablation_md([r for r in abl if r["dataset"] == ds], s.split.task == "regression")
-        lines += influence_md([r for r in infl if r["dataset"] == ds], s, FEATURE_NAMES.get(ds, ()))
+        last = max(int(r["round"]) for r in rows if r["config"] == ds)
+        rand_final = {
+            int(r["seed"]): float(r["value"])
+            for r in rows
+            if r["config"] == ds and r["strategy"] == RANDOM.name and int(r["round"]) == last
+        }
+        lines += influence_md([r for r in infl if r["dataset"] == ds], s, FEATURE_NAMES.get(ds, ()), rand_final)
         if s.split.task == "regression":
             lines += per_round_md(recs, ("tail_lo", "tail_hi", "lev_pct"))
             lines += bins_md(
@@ -715,6 +795,25 @@ def report_md(out: Path, settings: Sequence[Setting], seeds: Sequence[int], runs
             lines += bins_md(
                 recs, "acc_class", "Test accuracy per true class", [str(c) for c in range(s.split.n_outputs)]
             )
+    for c in clean:
+        if not any(r["config"] == c.config for r in rows):
+            continue
+        n_orig = next(s.split.X_pool.shape[0] for s in settings if c.config.startswith(f"{s.config}-"))
+        what = (
+            f"The {n_orig - c.split.X_pool.shape[0]} of {n_orig} pool rows with an input coordinate > 3 pool s.d. "
+            "out removed (`--clean`)"
+            if c.config.endswith("-no-outliers")
+            else f"Only pool row(s) {c.config.split('-minus-')[1].replace('-', ', ')} removed (`--drop`)"
+        )
+        lines += [
+            f"## {c.config}: a pool without some rows",
+            "",
+            f"{what}; both strategies re-run from scratch on the rest of the pool (so new initial labels); the "
+            "test set is unchanged.",
+            "",
+            *budget_md(rows, c.config, n_seeds),
+            "",
+        ]
     lines += ["## What was run", "", "| command | started | wall time | load average (1/5/15 min) start → end |"]
     lines += ["|---|---|---|---|"]
     for r in runs:
@@ -768,6 +867,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from the stored runs")
+    p.add_argument(
+        "--clean",
+        default=None,
+        help="datasets also run on the pool without its input outliers (default diamonds; smoke synthetic-regression;"
+        " 'none' for none)",
+    )
+    p.add_argument(
+        "--drop",
+        default=None,
+        help="DATASET:ROW,...: also run on the pool without these rows (pool row numbers of load_split; default "
+        "diamonds:225, the zero-dimension record; smoke synthetic-regression:0; 'none' for none)",
+    )
     return p
 
 
@@ -793,11 +904,20 @@ def main(argv: Sequence[str] | None = None) -> Path:
     }
     t0 = time.perf_counter()
     settings = [make_setting("why", d, size, lr) for d in datasets]
+    clean_names = (args.clean or ("synthetic-regression" if args.smoke else "diamonds")).split(",")
+    clean = [cleaned(s) for s in settings if s.config in clean_names]
+    drops: dict[str, list[int]] = {}
+    for item in (args.drop or ("synthetic-regression:0" if args.smoke else "diamonds:225")).split(","):
+        if ":" in item:
+            ds, row = item.split(":")
+            drops.setdefault(ds, []).append(int(row))
+    clean += [without_rows(s, drops[s.config]) for s in settings if s.config in drops]
+    rec["clean"] = [c.config for c in clean]
     if args.report_only:
-        write_report(report, report_md(out, settings, seeds, _load_jsonl(out / "runs.jsonl")))
+        write_report(report, report_md(out, settings, seeds, _load_jsonl(out / "runs.jsonl"), clean))
         return report
     store = ResultStore(out)
-    run_grid(settings, SPECS, seeds, store, desc="runs", quiet=args.quiet)
+    run_grid([*settings, *clean], SPECS, seeds, store, desc="runs", quiet=args.quiet)
     plot_curves(store.rows(), out / "curves.png", title="held-out: why BAIT loses (BAIT lam=0.01 vs random)")
     diag_path = out / "diagnostics.jsonl"
     have = {(r["dataset"], r["strategy"], r["seed"]) for r in _load_jsonl(diag_path)}
@@ -827,7 +947,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     rec["load_end"] = list(os.getloadavg())
     with (out / "runs.jsonl").open("a") as f:
         f.write(json.dumps(rec) + "\n")
-    write_report(report, report_md(out, settings, seeds, _load_jsonl(out / "runs.jsonl")))
+    write_report(report, report_md(out, settings, seeds, _load_jsonl(out / "runs.jsonl"), clean))
     return report
 
 

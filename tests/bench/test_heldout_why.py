@@ -16,9 +16,14 @@ def test_smoke_runs_replays_and_reports(tmp_path: Path) -> None:
     report = heldout_why.main(["--smoke", "--out", str(out), "--quiet"])
     assert report == out / "why.md"
 
-    # the runs: BAIT and random, 2 seeds, rounds 0..2 (10 -> 20 labels), both stand-ins
-    rows = read_results(out / "results.csv")
-    assert {r["config"] for r in rows} == set(heldout_why.SMOKE_DATASETS)
+    # the runs: BAIT and random, 2 seeds, rounds 0..2 (10 -> 20 labels), both stand-ins, and (the smoke
+    # defaults of --clean and --drop) the regression stand-in again without its input outliers / its row 0
+    every = read_results(out / "results.csv")
+    clean, drop = "synthetic-regression-no-outliers", "synthetic-regression-minus-0"
+    assert {r["config"] for r in every} == {*heldout_why.SMOKE_DATASETS, clean, drop}
+    for extra in (clean, drop):
+        assert len([r for r in every if r["config"] == extra]) == 2 * 2 * 3
+    rows = [r for r in every if r["config"] not in (clean, drop)]
     assert {r["strategy"] for r in rows} == {heldout_why.BAIT.name, "random"}
     assert len(rows) == 2 * 2 * 2 * 3
     assert sorted({r["labels"] for r in rows}) == [10, 15, 20]
@@ -93,13 +98,15 @@ def test_smoke_runs_replays_and_reports(tmp_path: Path) -> None:
     assert "Ablation: the last round's head retrained" in text and "Leave-one-out" in text
     assert "Test RMSE per target bin" in text and "Test accuracy per true class" in text
     assert "replayed heads give the stored test metric in 24 of 24 rounds" in text
+    assert f"## {clean}: a pool without some rows" in text and f"## {drop}: a pool without some rows" in text
+    assert "Only pool row(s) 0 removed (`--drop`)" in text
     assert "python -m bench.experiments.heldout_why --smoke" in text and " → " in text
     assert text.count(heldout_why.MARKER) == 1
     report.write_text(text + "my notes\n")
     heldout_why.main(["--smoke", "--out", str(out), "--quiet", "--report-only"])
     again = report.read_text()
     assert again.endswith(heldout_why.MARKER + "\nmy notes\n")
-    assert len(read_results(out / "results.csv")) == len(rows)  # nothing re-run
+    assert len(read_results(out / "results.csv")) == len(every)  # nothing re-run
 
 
 def test_pool_percentile_and_leverage() -> None:
