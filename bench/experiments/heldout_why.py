@@ -4,7 +4,8 @@ The held-out check (:mod:`bench.experiments.heldout`) found BAIT (lam = 0.01, ML
 batches of 10) never reaching random's final metric on **diamonds** (regression) and **sonar** (binary).
 This experiment re-runs that setting -- the same :func:`~bench.experiments.heldout.make_setting` sizes,
 :func:`~bench.experiments.heldout.load_split` data and :func:`~bench.experiments.common.run_grid` loop, so
-seeds 0-2 reproduce the held-out rows bit for bit -- with more seeds (default 20), and then *replays*
+seeds 0-2 pick the held-out check's rows (test metrics equal up to float rounding across torch thread
+counts) -- with more seeds (default 20), and then *replays*
 every run: for each round it rebuilds the labeled set from ``picks.jsonl``, retrains the head with the
 round's seed (bitwise the same head, which the replay checks against the stored test metric) and records
 
