@@ -44,7 +44,15 @@ needs_stack = pytest.mark.skipif(
 )
 CLASSES = ["ant", "bee", "cat"]
 # Fast recovery for the restart tests (the worker-kill test runs with the defaults).
-QUICK = {"job_heartbeat_seconds": 0.5, "job_stale_seconds": 3, "sweep_interval_seconds": 1}
+# Rate limits stay on (the limiter still counts in Redis through the outages) but far above what these tests
+# send: three label writers in a tight loop plus polling passed the default 600/minute per key on a fast CPU.
+QUICK = {
+    "job_heartbeat_seconds": 0.5,
+    "job_stale_seconds": 3,
+    "sweep_interval_seconds": 1,
+    "rate_limit": "100000/minute",
+    "rate_limit_expensive": "100000/minute",
+}
 
 
 def _pool(client: TestClient | httpx.Client, auth: dict[str, str], n: int, d: int, classes: list[str]) -> str:
@@ -414,3 +422,64 @@ def _answers(http: httpx.Client, auth: dict[str, str], pool_id: str) -> bool:
         return http.get(f"/v1/pools/{pool_id}", headers=auth).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _sleeping_job_then_redis_dies(settings: Settings, private_redis: PrivateRedis, tmp_path: Path) -> Proc:
+    """A `bait worker` whose Redis is killed while it runs a job: rq's bookkeeping at the job's end then fails
+    and rq's work loop quits. Returns the worker (Redis left down) once its log says it is waiting for Redis."""
+    from redis import Redis
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    env = bait_env(settings.database_url, private_redis.url, settings.queue_name, **QUICK)
+    worker = Proc(["worker"], env, tmp_path / "worker.log")
+    conn = Redis.from_url(private_redis.url)
+    q = Queue(settings.queue_name, connection=conn, serializer=JSONSerializer)
+    job = q.enqueue("time.sleep", 3.0, job_id=f"sleep-{uuid.uuid4().hex[:6]}")
+    started = lambda: job.get_status(refresh=True) == "started"  # noqa: E731
+    wait_for(started, 60, f"the job never started:\n{worker.output()}", worker)
+    conn.close()
+    private_redis.kill9()
+    wait_for(lambda: "rq worker stopped" in worker.output() or not worker.alive(), 60, worker.output()[-3000:])
+    return worker
+
+
+@needs_stack
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_worker_rides_out_redis_dying_at_the_end_of_a_job(
+    settings: Settings, private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    from redis import Redis
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    worker = _sleeping_job_then_redis_dies(settings, private_redis, tmp_path)
+    try:
+        assert worker.alive(), f"the worker exited with Redis:\n{worker.output()[-3000:]}"
+        time.sleep(2.0)
+        assert worker.alive(), worker.output()[-3000:]  # still waiting, not spinning out
+        private_redis.start()
+        wait_for(lambda: "starting a new rq worker" in worker.output(), 60, worker.output()[-3000:], worker)
+        conn = Redis.from_url(private_redis.url)
+        job = Queue(settings.queue_name, connection=conn, serializer=JSONSerializer).enqueue("math.sqrt", 16.0)
+        wait_for(lambda: job.get_status(refresh=True) == "finished", 60, worker.output()[-3000:], worker)
+        assert job.return_value() == 4.0  # the new rq worker runs jobs
+        conn.close()
+    finally:
+        worker.stop()
+    assert worker.p.returncode == 0, worker.output()[-3000:]  # SIGTERM still ends it cleanly
+
+
+@needs_stack
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_worker_waiting_for_redis_stops_on_sigterm(
+    settings: Settings, private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    worker = _sleeping_job_then_redis_dies(settings, private_redis, tmp_path)
+    assert worker.alive(), worker.output()[-3000:]
+    t0 = time.monotonic()
+    worker.stop()
+    assert time.monotonic() - t0 < 15 and worker.p.returncode == 0, worker.output()[-3000:]
+    assert "stop requested while waiting for Redis" in worker.output()
