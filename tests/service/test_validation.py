@@ -264,7 +264,10 @@ def test_validation_metrics_rise_on_mnist_and_match_an_independent_computation(
 def test_regression_heads_are_scored_with_rmse_mae_r2(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
 ) -> None:
-    pool = make_pool(client, auth, task="regression", n_outputs=1, head={"kind": "linear", "max_epochs": 300})
+    # lr 1e-2: at the default 1e-3 a linear head on 20 rows is under-trained after 300 epochs (validation R^2
+    # median 0.33 and negative for 2 of 30 training seeds; with 1e-2 at least 0.96 for all 30)
+    head = {"kind": "linear", "max_epochs": 300, "lr": 1e-2}
+    pool = make_pool(client, auth, task="regression", n_outputs=1, head=head)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((80, 4)).astype(np.float32)
     t = X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.1 * rng.standard_normal(80)
@@ -281,7 +284,7 @@ def test_regression_heads_are_scored_with_rmse_mae_r2(
     assert curve["metrics"] == ["rmse", "mae", "r2"] and curve["metric"] == "r2"
     point = curve["points"][0]
     assert point["n_labels"] == 20 and point["n_validation"] == 20
-    assert point["value"] == point["validation"]["r2"] > 0  # better than predicting the mean
+    assert point["value"] == point["validation"]["r2"] > 0.9  # far better than predicting the mean
     r = _while_jobs_run(
         run_jobs,
         lambda: client.post(f"/v1/pools/{pool['id']}/predictions", json={"item_ids": ids[60:]}, headers=auth),
