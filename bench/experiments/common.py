@@ -28,7 +28,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -575,6 +576,27 @@ def write_run_info(out_dir: Path, argv: Sequence[str], extra: Mapping[str, Any])
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         **extra,
     }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "runs.jsonl").open("a") as f:
+        f.write(json.dumps(rec, default=str) + "\n")
+
+
+@contextmanager
+def recorded_run(out_dir: Path, module: str, argv: Sequence[str], **extra: Any) -> Iterator[dict[str, Any]]:
+    """Time one invocation and, when it completes, append it to ``<out_dir>/runs.jsonl``: ``extra``, the
+    command (``python -m <module> <argv>``), machine, start time, 1-minute load at start and end, wall seconds.
+    Keys added to the yielded record meanwhile are written too; a run that raises is not recorded."""
+    rec: dict[str, Any] = {
+        **extra,
+        "command": f"python -m {module} " + " ".join(argv),
+        "machine": machine_info(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "load_start": list(os.getloadavg()),
+    }
+    t0 = time.perf_counter()
+    yield rec
+    rec["wall_s"] = round(time.perf_counter() - t0, 1)
+    rec["load_end"] = list(os.getloadavg())
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "runs.jsonl").open("a") as f:
         f.write(json.dumps(rec, default=str) + "\n")

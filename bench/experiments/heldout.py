@@ -67,9 +67,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -84,10 +82,10 @@ from bench.experiments.common import (
     StrategySpec,
     bait_params,
     curves,
-    machine_info,
     parse_seeds,
     plot_curves,
     read_results,
+    recorded_run,
     run_grid,
 )
 from bench.experiments.penalty_matrix import paired_budgets as penalty_paired_budgets
@@ -1129,12 +1127,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         datasets = (
             [d for d in args.datasets.split(",") if d] if args.datasets and args.phase != "all" else list(default)
         )
-        rec: dict[str, Any] = {
+        extra: dict[str, Any] = {
             "phase": phase,
-            "command": "python -m bench.experiments.heldout " + " ".join(argv_list),
-            "machine": machine_info(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "load_start": list(os.getloadavg()),
             "datasets": datasets,
             "size": size,
             "seeds": seeds,
@@ -1142,12 +1136,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
             **({"extra_lams": extra_lams} if extra_lams and phase == "heldout" else {}),
             **({"variants": sorted([*VARIANTS, *OWN_RANDOM.values()])} if args.variants and phase == "tune" else {}),
         }
-        t0 = time.perf_counter()
-        _run_phase(phase, datasets, size, seeds, out, args.quiet, lr, extra_lams, args.variants and phase == "tune")
-        rec["wall_s"] = round(time.perf_counter() - t0, 1)
-        rec["load_end"] = list(os.getloadavg())
-        with (out / "runs.jsonl").open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        with recorded_run(out, "bench.experiments.heldout", argv_list, **extra):
+            _run_phase(phase, datasets, size, seeds, out, args.quiet, lr, extra_lams, args.variants and phase == "tune")
     return out
 
 

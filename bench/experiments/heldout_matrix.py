@@ -23,10 +23,7 @@ column means (lower is better) and every comparison BAIT lost.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +33,9 @@ from bench.experiments.common import (
     RESULTS_ROOT,
     ResultStore,
     StrategySpec,
-    machine_info,
     parse_seeds,
     read_results,
+    recorded_run,
     run_grid,
 )
 from bench.experiments.penalty_matrix import PenaltyResult, format_table, losses, penalty_matrix, t_threshold
@@ -172,21 +169,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
             else list(heldout.SMOKE_HELDOUT if args.smoke else heldout.HELDOUT_DATASETS)
         )
         argv_list = list(argv) if argv is not None else sys.argv[1:]
-        rec: dict[str, Any] = {
-            "phase": "baselines",
-            "command": "python -m bench.experiments.heldout_matrix " + " ".join(argv_list),
-            "machine": machine_info(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "load_start": list(os.getloadavg()),
-            "datasets": datasets,
-            "seeds": seeds,
-        }
-        t0 = time.perf_counter()
-        run_baselines(datasets, size, seeds, out, lr, args.quiet)
-        rec["wall_s"] = round(time.perf_counter() - t0, 1)
-        rec["load_end"] = list(os.getloadavg())
-        with (out / "runs.jsonl").open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        with recorded_run(
+            out, "bench.experiments.heldout_matrix", argv_list, phase="baselines", datasets=datasets, seeds=seeds
+        ):
+            run_baselines(datasets, size, seeds, out, lr, args.quiet)
     return report(out)
 
 

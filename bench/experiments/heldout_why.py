@@ -52,9 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -68,10 +66,10 @@ from bench.experiments.common import (
     ResultStore,
     Setting,
     initial_labels,
-    machine_info,
     parse_seeds,
     plot_curves,
     read_results,
+    recorded_run,
     round_seed,
     run_grid,
 )
@@ -883,42 +881,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    args = build_parser().parse_args(argv)
-    size = {k: v for k, v in (SMOKE if args.smoke else FULL).items() if k != "seeds"}
-    seeds = parse_seeds(args.seeds or (SMOKE_SEEDS if args.smoke else DEFAULT_SEEDS))
-    lr = LR["smoke" if args.smoke else "full"]
-    datasets = [d for d in (args.datasets or ",".join(SMOKE_DATASETS if args.smoke else DATASETS)).split(",") if d]
-    out: Path = args.out or RESULTS_ROOT / "heldout" / "why"
-    report: Path = args.report or (out / "why.md" if args.smoke or args.out else out.parent / "why.md")
-    out.mkdir(parents=True, exist_ok=True)
-    argv_list = list(argv) if argv is not None else sys.argv[1:]
-    rec: dict[str, Any] = {
-        "command": "python -m bench.experiments.heldout_why " + " ".join(argv_list),
-        "machine": machine_info(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "load_start": list(os.getloadavg()),
-        "datasets": datasets,
-        "size": size,
-        "seeds": seeds,
-        "lr": lr,
-    }
-    t0 = time.perf_counter()
-    settings = [make_setting("why", d, size, lr) for d in datasets]
-    clean_names = (args.clean or ("synthetic-regression" if args.smoke else "diamonds")).split(",")
-    clean = [cleaned(s) for s in settings if s.config in clean_names]
-    drops: dict[str, list[int]] = {}
-    for item in (args.drop or ("synthetic-regression:0" if args.smoke else "diamonds:225")).split(","):
-        if ":" in item:
-            ds, row = item.split(":")
-            drops.setdefault(ds, []).append(int(row))
-    clean += [without_rows(s, drops[s.config]) for s in settings if s.config in drops]
-    rec["clean"] = [c.config for c in clean]
-    if args.report_only:
-        write_report(report, report_md(out, settings, seeds, _load_jsonl(out / "runs.jsonl"), clean))
-        return report
+def _run_all(
+    out: Path, settings: Sequence[Setting], clean: Sequence[Setting], seeds: Sequence[int], quiet: bool
+) -> None:
+    """The runs, then each stored round's diagnostics, the outlier ablation and the leave-one-out (each
+    resumable: what is already in its file is not redone)."""
     store = ResultStore(out)
-    run_grid([*settings, *clean], SPECS, seeds, store, desc="runs", quiet=args.quiet)
+    run_grid([*settings, *clean], SPECS, seeds, store, desc="runs", quiet=quiet)
     plot_curves(store.rows(), out / "curves.png", title="held-out: why BAIT loses (BAIT lam=0.01 vs random)")
     diag_path = out / "diagnostics.jsonl"
     have = {(r["dataset"], r["strategy"], r["seed"]) for r in _load_jsonl(diag_path)}
@@ -944,10 +913,33 @@ def main(argv: Sequence[str] | None = None) -> Path:
             if (s.config, seed) not in have_infl:
                 with infl_path.open("a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in influence(s, seed, store))
-    rec["wall_s"] = round(time.perf_counter() - t0, 1)
-    rec["load_end"] = list(os.getloadavg())
-    with (out / "runs.jsonl").open("a") as f:
-        f.write(json.dumps(rec) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    args = build_parser().parse_args(argv)
+    size = {k: v for k, v in (SMOKE if args.smoke else FULL).items() if k != "seeds"}
+    seeds = parse_seeds(args.seeds or (SMOKE_SEEDS if args.smoke else DEFAULT_SEEDS))
+    lr = LR["smoke" if args.smoke else "full"]
+    datasets = [d for d in (args.datasets or ",".join(SMOKE_DATASETS if args.smoke else DATASETS)).split(",") if d]
+    out: Path = args.out or RESULTS_ROOT / "heldout" / "why"
+    report: Path = args.report or (out / "why.md" if args.smoke or args.out else out.parent / "why.md")
+    out.mkdir(parents=True, exist_ok=True)
+    argv_list = list(argv) if argv is not None else sys.argv[1:]
+    settings = [make_setting("why", d, size, lr) for d in datasets]
+    clean_names = (args.clean or ("synthetic-regression" if args.smoke else "diamonds")).split(",")
+    clean = [cleaned(s) for s in settings if s.config in clean_names]
+    drops: dict[str, list[int]] = {}
+    for item in (args.drop or ("synthetic-regression:0" if args.smoke else "diamonds:225")).split(","):
+        if ":" in item:
+            ds, row = item.split(":")
+            drops.setdefault(ds, []).append(int(row))
+    clean += [without_rows(s, drops[s.config]) for s in settings if s.config in drops]
+    if args.report_only:
+        write_report(report, report_md(out, settings, seeds, _load_jsonl(out / "runs.jsonl"), clean))
+        return report
+    extra = {"datasets": datasets, "size": size, "seeds": seeds, "lr": lr, "clean": [c.config for c in clean]}
+    with recorded_run(out, "bench.experiments.heldout_why", argv_list, **extra):
+        _run_all(out, settings, clean, seeds, args.quiet)
     write_report(report, report_md(out, settings, seeds, _load_jsonl(out / "runs.jsonl"), clean))
     return report
 
