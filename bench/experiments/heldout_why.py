@@ -50,10 +50,11 @@ per-round tail / leverage fractions, and the test error per bin. The text below 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -889,30 +890,30 @@ def _run_all(
     store = ResultStore(out)
     run_grid([*settings, *clean], SPECS, seeds, store, desc="runs", quiet=quiet)
     plot_curves(store.rows(), out / "curves.png", title="held-out: why BAIT loses (BAIT lam=0.01 vs random)")
-    diag_path = out / "diagnostics.jsonl"
-    have = {(r["dataset"], r["strategy"], r["seed"]) for r in _load_jsonl(diag_path)}
-    for s in settings:
-        for seed in seeds:
-            for spec in SPECS:
-                if (s.config, spec.name, seed) in have:
-                    continue
-                recs = replay(s, spec.name, seed, store)
-                with diag_path.open("a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in recs)
-    abl_path = out / "ablation.jsonl"
-    have_abl = {(r["dataset"], r["seed"]) for r in _load_jsonl(abl_path)}
-    for s in settings:
-        for seed in seeds:
-            if (s.config, seed) not in have_abl:
-                with abl_path.open("a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in ablation(s, seed, store))
-    infl_path = out / "influence.jsonl"
-    have_infl = {(r["dataset"], r["seed"]) for r in _load_jsonl(infl_path)}
-    for s in settings:
-        for seed in seeds:
-            if (s.config, seed) not in have_infl:
-                with infl_path.open("a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in influence(s, seed, store))
+    # Each analysis appends its records per (dataset, [strategy,] seed) and skips the keys already in its file.
+    _append_missing(
+        out / "diagnostics.jsonl",
+        ("dataset", "strategy", "seed"),
+        {(s.config, spec.name, seed): functools.partial(replay, s, spec.name, seed, store)
+         for s in settings for seed in seeds for spec in SPECS},
+    )  # fmt: skip
+    for name, analysis in (("ablation", ablation), ("influence", influence)):
+        _append_missing(
+            out / f"{name}.jsonl",
+            ("dataset", "seed"),
+            {(s.config, seed): functools.partial(analysis, s, seed, store) for s in settings for seed in seeds},
+        )
+
+
+def _append_missing(path: Path, key: Sequence[str], todo: Mapping[tuple[Any, ...], Callable[[], Any]]) -> None:
+    """Run each job of ``todo`` whose key (the values of ``key`` in its records) is not yet in ``path``, in
+    order, appending its records (an iterable of dicts) as JSON lines as soon as it returns."""
+    have = {tuple(r[k] for k in key) for r in _load_jsonl(path)}
+    for k, job in todo.items():
+        if k not in have:
+            recs = list(job())
+            with path.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in recs)
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
