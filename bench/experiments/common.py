@@ -602,6 +602,14 @@ def recorded_run(out_dir: Path, module: str, argv: Sequence[str], **extra: Any) 
         f.write(json.dumps(rec, default=str) + "\n")
 
 
+def run_timing(rec: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(wall time, load at start, load at end) of a :func:`recorded_run` record, as report cells."""
+    la0 = "/".join(f"{x:.2f}" for x in rec.get("load_start", []))
+    la1 = "/".join(f"{x:.2f}" for x in rec.get("load_end", []))
+    wall = f"{rec['wall_s']:.0f} s" if "wall_s" in rec else "(unfinished)"
+    return wall, la0, la1
+
+
 def with_epochs(config: HeadConfig, max_epochs: int) -> HeadConfig:
     """``config`` with another epoch cap."""
     return replace(config, max_epochs=max_epochs)

@@ -87,6 +87,7 @@ from bench.experiments.common import (
     read_results,
     recorded_run,
     run_grid,
+    run_timing,
 )
 from bench.experiments.penalty_matrix import paired_budgets as penalty_paired_budgets
 from bench.experiments.penalty_matrix import paired_t, t_threshold
@@ -1020,9 +1021,7 @@ def readme_md(
         "|---|---|---|---|---|",
     ]
     for r in runs:
-        la0 = "/".join(f"{x:.2f}" for x in r.get("load_start", []))
-        la1 = "/".join(f"{x:.2f}" for x in r.get("load_end", []))
-        wall = f"{r['wall_s']:.0f} s" if "wall_s" in r else "(unfinished)"
+        wall, la0, la1 = run_timing(r)
         lines.append(f"| {r['phase']} | `{r['command']}` | {r['started']} | {wall} | {la0} → {la1} |")
     if runs:
         lines += [

@@ -73,6 +73,7 @@ from bench.experiments.common import (
     recorded_run,
     round_seed,
     run_grid,
+    run_timing,
 )
 from bench.experiments.heldout import (
     DEFAULT_LAM,
@@ -817,9 +818,7 @@ def report_md(
     lines += ["## What was run", "", "| command | started | wall time | load average (1/5/15 min) start → end |"]
     lines += ["|---|---|---|---|"]
     for r in runs:
-        la0 = "/".join(f"{x:.2f}" for x in r.get("load_start", []))
-        la1 = "/".join(f"{x:.2f}" for x in r.get("load_end", []))
-        wall = f"{r['wall_s']:.0f} s" if "wall_s" in r else "(unfinished)"
+        wall, la0, la1 = run_timing(r)
         lines.append(f"| `{r['command']}` | {r['started']} | {wall} | {la0} → {la1} |")
     if runs:
         lines += [
