@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from selection import fused
 from selection.errors import InputDataError, MemoryBudgetError, ParameterError
 from selection.fisher import exact_objective, fisher_pca_basis, kron_sum, reduced_rank, row_factors
 from selection.linalg import (
@@ -149,6 +150,15 @@ def resolve_threads(device: torch.device) -> int:
 def _legacy_step() -> bool:
     """``BAIT_STEP=legacy``: the previous per-candidate update (torch.bmm), for same-run benchmarks."""
     return os.environ.get("BAIT_STEP", "").strip() == "legacy"
+
+
+def _fused_step_enabled() -> bool:
+    """The compiled forward step (:mod:`selection.fused`) unless ``BAIT_STEP`` names another one.
+
+    ``BAIT_STEP=numpy`` keeps the batched numpy update and the torch elimination scores (the default
+    before the compiled kernel), ``legacy`` the torch.bmm update before that: for same-run benchmarks.
+    """
+    return os.environ.get("BAIT_STEP", "").strip() not in ("numpy", "legacy")
 
 
 def _small_bmm(a: Tensor, b: Tensor) -> Tensor:
@@ -900,6 +910,8 @@ class _Bait:
         with _Workers(self.n_threads) as workers:
             for _ in workers.map(score_chunk, bounds):
                 pass
+            if st.h is not None and half_h and self.device.type == "cpu" and _fused_step_enabled():
+                return self._forward_fused(st, n_steps, scores, eligible, workers)
             for step in range(n_steps):
                 pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
                 picks.append(pos)
@@ -917,6 +929,72 @@ class _Bait:
                 self._tick()
         if st.h is not None and half_h:
             st.h = st.h + st.h.transpose(1, 2)
+        return picks, gains
+
+    def _forward_fused(
+        self, st: _State, n_steps: int, scores: Tensor, eligible: Tensor, workers: _Workers
+    ) -> tuple[list[int], list[float]]:
+        """The forward pass's steps on CPU with the compiled per-candidate kernel (:mod:`selection.fused`).
+
+        Called with ``st.h`` holding ``h~`` (``h = h~ + h~^T``) and ``scores`` the first step's. The
+        candidates' ``E^T``, ``g`` and ``h~`` move into the kernel's tile-major layout (lanes last) for
+        the pass and back afterwards; per step and chunk of whole tiles, one OpenBLAS GEMM
+        ``[U~ | R^]^T X^T`` (lanes contiguous) and one kernel call (no GIL) do the update and the scores.
+        Picks, gains and the ``P``/``Q`` updates are those of the numpy step (same ``_rank_update``).
+        """
+        assert st.h is not None
+        n_cand = int(st.x.shape[0])
+        lanes = fused.lanes_for(int(st.et.shape[1]))
+        n_pad = fused.padded(n_cand, lanes)
+        dt = np.dtype(str(self.sdt).removeprefix("torch."))
+        x_pad = np.zeros((n_pad, self.d), dtype=dt)
+        x_pad[:n_cand] = st.x.to(self.sdt).numpy()
+        et_t = fused.to_tiles(st.et.numpy(), n_pad, lanes)
+        g_t = fused.to_tiles(st.g.numpy(), n_pad, lanes)
+        h_t = fused.to_tiles(st.h.numpy(), n_pad, lanes)
+        st.g = st.h = torch.empty(0, dtype=self.sdt)  # the tiles hold the state until the pass ends
+        rc, _r = int(et_t.shape[1]), int(et_t.shape[2])
+        score_np = np.zeros(n_pad, dtype=dt)
+        score_np[:n_cand] = scores.numpy()
+        scores = torch.from_numpy(score_np[:n_cand])
+        cs = max(lanes, lanes * round(self.step_chunk / lanes))
+        bounds = [(lo, min(n_pad, lo + cs)) for lo in range(0, n_pad, cs)]
+        blocks_t = np.empty(0, dtype=dt)
+
+        def chunk(lo: int, hi: int) -> None:
+            t = _scratch("fused_t", (blocks_t.shape[0], hi - lo), dt)
+            np.matmul(blocks_t, x_pad[lo:hi].T, out=t)
+            a, b = lo // lanes, hi // lanes
+            fused.fused_step(
+                t,
+                et_t[a:b],
+                g_t[a:b],
+                h_t[a:b],
+                score_np[lo:hi],
+                1.0,
+                _scratch("fused_m", (6, rc, rc, lanes), dt),
+                _scratch("fused_v", (4, lanes), dt),
+            )
+
+        picks: list[int] = []
+        gains: list[float] = []
+        for step in range(n_steps):
+            pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
+            picks.append(pos)
+            eligible[pos] = False
+            blocks, delta, jobs = self._rank_update(st, st.x[pos], st.et[pos].T, 1.0, workers)
+            gains.append(delta)
+            st.value = st.value - delta
+            todo: list[Callable[[], None]] = list(jobs)
+            if step + 1 < n_steps:
+                blocks_t = np.ascontiguousarray(blocks.to(self.sdt).numpy().T)
+                todo += [functools.partial(chunk, lo, hi) for lo, hi in bounds]
+            for _ in workers.map(lambda job: job(), todo):
+                pass
+            self._tick()
+        st.g = torch.from_numpy(fused.from_tiles(g_t, n_cand))
+        h = torch.from_numpy(fused.from_tiles(h_t, n_cand))
+        st.h = h + h.transpose(1, 2)
         return picks, gains
 
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from selection import fused
 from selection.heads import HeadConfig, predict, train_head
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 def warm_up(threads: int = 1) -> float:
-    """Train and run a tiny head once per process (CPU), so a first batch does not pay torch's start-up.
+    """Train and run a tiny head once per process (CPU), and load BAIT's compiled step, so a first batch
+    pays neither torch's start-up nor numba's.
 
     Returns the seconds spent (0.0 when this process already warmed up).
     """
@@ -64,6 +66,7 @@ def warm_up(threads: int = 1) -> float:
             for kind in ("mlp", "linear"):
                 config = HeadConfig(input_dim=8, n_outputs=3, kind=kind, task="classification", max_epochs=3)
                 predict(train_head(config, X, y, device="cpu", seed=0), X)
+        fused.warm_up()  # BAIT's compiled step: compiled on a first run, else loaded from numba's cache
         _warmed = True
         seconds = time.perf_counter() - t
         log.info("warmed up head training in %.2f s", seconds)
