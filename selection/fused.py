@@ -34,11 +34,12 @@ __all__ = ["from_tiles", "fused_step", "lanes_for", "padded", "to_tiles", "warm_
 #: Candidates per tile for small ``r``. The kernel's lane loops are vectorised by LLVM with run-time
 #: alias checks, whose cost is paid per loop: one thread, n = 8,192, d = 128, r = 9, float32, the
 #: kernel took 968 ns per candidate with 16 lanes fully unrolled (not vectorised), then 538 / 449 /
-#: 406 / 290 / 221 / 259 ns with 16 / 32 / 64 / 128 / 256 / 512 lanes (the tile's work arrays,
-#: 4 r^2 lanes words, leave L2 beyond that).
+#: 406 / 290 / 221 / 259 ns with 16 / 32 / 64 / 128 / 256 / 512 lanes.
 MAX_LANES = 256
-#: Work-array words per tile (``r^2 x lanes``) kept to about what ``r = 9`` uses at 256 lanes.
-_TILE_WORDS = 81 * MAX_LANES
+#: Work-array words per tile (``r^2 x lanes``) at most, once below 256 lanes: at r = 25 (n = 4,992,
+#: one thread, float32) the kernel took 10.7 / 8.6 / 6.5 / 6.5 / 6.9 us per candidate with 16 / 32 /
+#: 64 / 128 / 256 lanes, so 64 there; r = 9 keeps 256.
+_TILE_WORDS = 625 * 64
 
 
 def lanes_for(rc: int) -> int:

@@ -106,7 +106,7 @@ def test_tile_layout_round_trips() -> None:
     assert t[1, 2, 1, 0] == a[4, 2, 1]
     assert np.all(t[1, :, :, 1:] == 0.0)
     assert np.array_equal(fused.from_tiles(t, 5), a)
-    assert fused.lanes_for(9) == 256 and fused.lanes_for(25) == 32 and fused.lanes_for(99) == 16
+    assert fused.lanes_for(9) == 256 and fused.lanes_for(25) == 64 and fused.lanes_for(99) == 16
 
 
 @pytest.mark.parametrize("k", [3, 10])
