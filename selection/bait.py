@@ -1029,8 +1029,85 @@ class _Bait:
 
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
         """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
+        if _fused_step_enabled():
+            return self._backward_gram(st, picks, n_keep)
         with _Workers(self.n_threads) as workers:
             return self._backward(st, picks, n_keep, workers)
+
+    def _pick_gram(self, mat: Tensor, x: Tensor, e: Tensor) -> Tensor:
+        """``V^T mat V`` for the picks' factors ``V = [V_1 .. V_m]``, ``V_j = (I_r ⊗ x_j) E_j``, symmetrised.
+
+        Both sides use the Kronecker structure: ``mat (I_r ⊗ x_j)`` for every pick is one GEMM of
+        ``mat`` viewed as ``(D r) x d`` (``D^2 m`` multiply-adds, in chunks of picks so the
+        ``D x r x chunk`` temporary stays small), and ``(I_r ⊗ x_i)^T`` on the left is one batched
+        GEMM over the ``r`` row blocks (``D m^2 rc``), not a ``D``-long product per entry.
+        """
+        r, d = self.r, self.d
+        m, _, rc = e.shape
+        big_d = r * d
+        step = max(1, (1 << 22) // (big_d * r))
+        cols = []
+        for lo in range(0, m, step):
+            hi = min(m, lo + step)
+            mb = matmul(mat.view(big_d * r, d), x[lo:hi].T.contiguous()).view(big_d, r, hi - lo)  # [row, b, j]
+            cols.append(torch.einsum("xbj,jbq->xjq", mb, e[lo:hi]))  # mat V_j: D x chunk x rc
+        mv = torch.cat(cols, dim=1).reshape(r, d, m * rc)
+        t = torch.matmul(x, mv)  # r x m x (m rc): [a, i, (j, q)] = x_i^T (mat V_j)[a-block, q]
+        gram = torch.einsum("iap,aic->ipc", e, t).reshape(m * rc, m * rc)
+        return 0.5 * (gram + gram.T)
+
+    def _backward_gram(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
+        """Backward pruning in the span of the picks (exact, no ``D x D`` update per removal).
+
+        Everything a removal needs is a product ``V_i^T P V_j`` or ``V_i^T Q V_j`` between picks:
+        ``g_i``, ``h_i`` are the diagonal blocks, and removing ``s`` (``P' = P + U~ U~^T``,
+        ``Q' = Q + U~ R^^T + R^ U~^T``) changes the ``m rc x m rc`` matrices ``A = V^T P V``,
+        ``C = V^T Q V`` by ``W W^T`` and ``W Z^T + Z W^T`` with ``W = A[:, s] L^{-T}``,
+        ``Z = C[:, s] L^{-T} + (1/2) W S~`` (the formulas of :meth:`_rank_update` with both sides
+        multiplied by ``V^T``). Building ``A`` and ``C`` costs ``2 (D^2 m + D m^2 rc)`` once; a removal
+        ``3 (m rc)^2 rc``, against ``~8 D^2 rc`` for the rank updates of ``P`` and ``Q`` (k = 26, d = 128,
+        B = 20: 0.54 s of backward before). ``P`` and ``Q`` are left as the forward pass ended.
+        """
+        assert st.q is not None
+        mdt = self.mdt
+        order = sorted(picks)  # ascending candidate position = ascending pool row
+        idx = torch.tensor(order, dtype=torch.long, device=self.device)
+        m = len(order)
+        x = st.x[idx].to(mdt)
+        e = st.et[idx].transpose(1, 2).to(mdt)  # m x r x rc
+        rc = int(e.shape[2])
+        gram_p = self._pick_gram(st.p, x, e)
+        gram_q = self._pick_gram(st.q, x, e)
+        eye = torch.eye(rc, dtype=mdt, device=self.device)
+        alive = torch.ones(m, dtype=torch.bool, device=self.device)
+        rtol = _TIE_RTOL.get(mdt, 1e-5)
+        for _ in range(m - n_keep):
+            g = gram_p.view(m, rc, m, rc).diagonal(dim1=0, dim2=2).permute(2, 0, 1).contiguous()
+            h = gram_q.view(m, rc, m, rc).diagonal(dim1=0, dim2=2).permute(2, 0, 1).contiguous()
+            scores = trace_solve_scores(g, h, -1.0)
+            j = _first_best(scores, alive, maximize=False, rtol=rtol)
+            alive[j] = False
+            sl = slice(j * rc, (j + 1) * rc)
+            g_s = gram_p[sl, sl]
+            chol, info = torch.linalg.cholesky_ex(eye - 0.5 * (g_s + g_s.T))
+            if int(info) != 0:
+                raise InputDataError(
+                    "BAIT: the Woodbury system for removing a point is not positive definite; the embeddings "
+                    "or probabilities are too ill-conditioned for this lam (use a larger lam or float64 input)"
+                )
+            w = torch.linalg.solve_triangular(chol, gram_p[:, sl].T, upper=False).T  # A[:, s] L^{-T}
+            r_t = torch.linalg.solve_triangular(chol, gram_q[:, sl].T, upper=False).T  # C[:, s] L^{-T}
+            h_s = gram_q[sl, sl]
+            h_s = 0.5 * (h_s + h_s.T)
+            y = torch.linalg.solve_triangular(chol, h_s, upper=False)
+            s_t = torch.linalg.solve_triangular(chol, y.T, upper=False)  # L^{-1} h_s L^{-T}
+            z = r_t + 0.5 * (w @ s_t)
+            st.value += float(s_t.diagonal().sum())
+            gram_p.addmm_(w, w.T)
+            gram_q.addmm_(torch.cat([w, z], 1), torch.cat([z, w], 1).T)
+            self._tick()
+        kept = {order[j] for j in range(m) if bool(alive[j])}
+        return [p for p in picks if p in kept]
 
     def _backward(self, st: _State, picks: list[int], n_keep: int, workers: _Workers) -> list[int]:
         assert st.q is not None
