@@ -493,6 +493,11 @@ class _State:
     q: Tensor | None  # D x D, Q = P F P (None in logdet mode)
     value: float  # tr(P F) in the reduced space, or log det M (logdet mode)
     info: dict[str, Any] = field(default_factory=dict)
+    # Deferred forward updates (see _Bait._forward_fused): P = p - U U^T, Q = q - (U R^T + R U^T) with
+    # U = lazy_u[:, :lazy_k], R = lazy_r[:, :lazy_k]; None when P and Q are updated in place.
+    lazy_u: Tensor | None = None
+    lazy_r: Tensor | None = None
+    lazy_k: int = 0
 
 
 class _Bait:
@@ -783,11 +788,32 @@ class _Bait:
         pv = torch.empty(big_d, r, dtype=mdt, device=self.device)
         qv = None if q is None else torch.empty(big_d, r, dtype=mdt, device=self.device)
 
+        lazy = st.lazy_u is not None and st.lazy_r is not None and sigma > 0
+        lu = lr = cu = cr = None
+        if lazy and st.lazy_k and st.lazy_u is not None and st.lazy_r is not None and q is not None:
+            # The deferred updates' part of the block matvecs: P (I ⊗ x) -= U (U^T (I ⊗ x)) and
+            # Q (I ⊗ x) -= U (R^T (I ⊗ x)) + R (U^T (I ⊗ x)), 3 D K (r + 1) multiply-adds, on the workers.
+            lu, lr = st.lazy_u[:, : st.lazy_k], st.lazy_r[:, : st.lazy_k]
+            cu = torch.empty(r, st.lazy_k, dtype=mdt, device=self.device)
+            cr = torch.empty(r, st.lazy_k, dtype=mdt, device=self.device)
+
+            def contract(a: int) -> None:
+                assert lu is not None and lr is not None and cu is not None and cr is not None
+                cu[a] = x_s @ lu[a * d : (a + 1) * d]
+                cr[a] = x_s @ lr[a * d : (a + 1) * d]
+
+            for _ in workers.map(contract, range(r)):
+                pass
+
         def matvecs(lh: tuple[int, int]) -> None:
             lo, hi = lh
             pv[lo:hi] = block_matvec(st.p[lo:hi], x_s)
+            if lu is not None and cu is not None:
+                pv[lo:hi] -= lu[lo:hi] @ cu.T
             if q is not None and qv is not None:
                 qv[lo:hi] = block_matvec(q[lo:hi], x_s)
+                if lu is not None and lr is not None and cu is not None and cr is not None:
+                    qv[lo:hi] -= lu[lo:hi] @ cr.T + lr[lo:hi] @ cu.T
 
         for _ in workers.map(matvecs, rows):
             pass
@@ -831,7 +857,13 @@ class _Bait:
                 st.p[lo:hi].addmm_(u_t[lo:hi], u_tt, alpha=-sigma)
                 q[lo:hi].addmm_(left[lo:hi], right, alpha=-sigma)
 
-            jobs = [functools.partial(pq, lo, hi) for lo, hi in rows]
+            if lazy and st.lazy_u is not None and st.lazy_r is not None:
+                k0 = st.lazy_k
+                st.lazy_u[:, k0 : k0 + rc] = u_t
+                st.lazy_r[:, k0 : k0 + rc] = r_h
+                st.lazy_k = k0 + rc
+            else:
+                jobs = [functools.partial(pq, lo, hi) for lo, hi in rows]
         # d x (r * c * r), column index (a, c-block, col): one GEMM gives m x r x (c r) per chunk.
         return blocks.permute(1, 0, 2, 3).reshape(d, -1), delta, jobs
 
@@ -983,13 +1015,22 @@ class _Bait:
         g_t = fused.to_tiles(st.g.numpy(), n_pad, lanes)
         h_t = fused.to_tiles(st.h.numpy(), n_pad, lanes)
         st.g = st.h = torch.empty(0, dtype=self.sdt)  # the tiles hold the state until the pass ends
-        rc, _r = int(et_t.shape[1]), int(et_t.shape[2])
+        rc, r = int(et_t.shape[1]), int(et_t.shape[2])
         score_np = np.zeros(n_pad, dtype=dt)
         score_np[:n_cand] = scores.numpy()
         scores = torch.from_numpy(score_np[:n_cand])
         cs = max(lanes, lanes * round(self.step_chunk / lanes))
         bounds = [(lo, min(n_pad, lo + cs)) for lo in range(0, n_pad, cs)]
         blocks_t = np.empty(0, dtype=dt)
+        # Defer P's and Q's rank updates (_State.lazy_u) when that costs less over the whole pass:
+        # step t's block matvecs then pay ~3 D t rc (r + 1) for the deferred part instead of the
+        # 3 D^2 rc of updating P and Q, i.e. when n_steps (r + 1) < 2 D (k = 26, d = 128, 40 steps:
+        # D = 3,200, a sixth of the updates' multiply-adds). The backward pass reads them as they are.
+        big_d = self.big_d
+        if st.q is not None and n_steps * (r + 1) < 2 * big_d:
+            st.lazy_u = torch.zeros(big_d, n_steps * rc, dtype=self.mdt)
+            st.lazy_r = torch.zeros(big_d, n_steps * rc, dtype=self.mdt)
+            st.lazy_k = 0
 
         def chunk(lo: int, hi: int) -> None:
             t = _scratch("fused_t", (blocks_t.shape[0], hi - lo), dt)
@@ -1031,6 +1072,7 @@ class _Bait:
         """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
         if _fused_step_enabled():
             return self._backward_gram(st, picks, n_keep)
+        self._fold_lazy(st)
         with _Workers(self.n_threads) as workers:
             return self._backward(st, picks, n_keep, workers)
 
@@ -1056,6 +1098,22 @@ class _Bait:
         gram = torch.einsum("iap,aic->ipc", e, t).reshape(m * rc, m * rc)
         return 0.5 * (gram + gram.T)
 
+    def _pick_proj(self, cols: Tensor, x: Tensor, e: Tensor) -> Tensor:
+        """``V^T cols`` (``m rc x K``) for ``D x K`` columns: one batched GEMM over the ``r`` row blocks."""
+        r, d = self.r, self.d
+        m, _, rc = e.shape
+        t = torch.matmul(x, cols.reshape(r, d, -1))  # r x m x K
+        return torch.einsum("iap,aik->ipk", e, t).reshape(m * rc, -1)
+
+    def _fold_lazy(self, st: _State) -> None:
+        """Apply the deferred forward updates to ``P`` and ``Q`` (one rank-K GEMM each) and drop them."""
+        if st.lazy_u is not None and st.lazy_r is not None and st.lazy_k and st.q is not None:
+            lu, lr = st.lazy_u[:, : st.lazy_k], st.lazy_r[:, : st.lazy_k]
+            st.p.addmm_(lu, lu.T, alpha=-1.0)
+            st.q.addmm_(torch.cat([lu, lr], 1), torch.cat([lr, lu], 1).T, alpha=-1.0)
+        st.lazy_u = st.lazy_r = None
+        st.lazy_k = 0
+
     def _backward_gram(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
         """Backward pruning in the span of the picks (exact, no ``D x D`` update per removal).
 
@@ -1078,6 +1136,14 @@ class _Bait:
         rc = int(e.shape[2])
         gram_p = self._pick_gram(st.p, x, e)
         gram_q = self._pick_gram(st.q, x, e)
+        if st.lazy_u is not None and st.lazy_r is not None and st.lazy_k:
+            # The forward pass's deferred updates, seen from the picks: V^T U and V^T R (m rc x K).
+            yu = self._pick_proj(st.lazy_u[:, : st.lazy_k], x, e)
+            yr = self._pick_proj(st.lazy_r[:, : st.lazy_k], x, e)
+            gram_p -= yu @ yu.T
+            gram_q -= yu @ yr.T + yr @ yu.T
+            gram_p = 0.5 * (gram_p + gram_p.T)
+            gram_q = 0.5 * (gram_q + gram_q.T)
         eye = torch.eye(rc, dtype=mdt, device=self.device)
         alive = torch.ones(m, dtype=torch.bool, device=self.device)
         rtol = _TIE_RTOL.get(mdt, 1e-5)
