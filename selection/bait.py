@@ -1031,6 +1031,7 @@ class _Bait:
             st.lazy_u = torch.zeros(big_d, n_steps * rc, dtype=self.mdt)
             st.lazy_r = torch.zeros(big_d, n_steps * rc, dtype=self.mdt)
             st.lazy_k = 0
+        st.info["pq_updates"] = "deferred" if st.lazy_u is not None else "in place"
 
         def chunk(lo: int, hi: int) -> None:
             t = _scratch("fused_t", (blocks_t.shape[0], hi - lo), dt)
@@ -1070,7 +1071,10 @@ class _Bait:
 
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
         """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
-        if _fused_step_enabled():
+        rc = int(st.et.shape[1])
+        if _fused_step_enabled() and len(picks) * rc < self.big_d:
+            # In the picks' span when it is smaller than D: a removal then costs 3 (m rc)^2 rc instead
+            # of ~3 D^2 rc (with m rc >= D, e.g. B = 100 at k = 10, d = 128, the D x D updates are cheaper).
             return self._backward_gram(st, picks, n_keep)
         self._fold_lazy(st)
         with _Workers(self.n_threads) as workers:
@@ -1606,6 +1610,7 @@ def _run_core(
     diag["timings"] = {"setup": t_setup - t_start, "forward": t_fwd - t_setup, "backward": t_bwd - t_fwd}
     diag["steps"] = {"forward": n_forward, "backward": n_backward}
     diag["p0_method"] = state.info.get("p0")
+    diag["pq_updates"] = state.info.get("pq_updates", "in place")
     if backward:
         fwd_rows = problem.candidates[torch.tensor(picks, dtype=torch.long, device=problem.device)]
         diag["forward_indices"] = fwd_rows.cpu().tolist()

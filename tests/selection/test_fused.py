@@ -121,3 +121,31 @@ def test_forward_picks_equal_the_numpy_step_and_naive(k: int, chunk: int, monkey
     assert out.diagnostics["forward_indices"] == ref_step.diagnostics["forward_indices"] == ref.forward
     assert out.indices.tolist() == ref_step.indices.tolist() == ref.indices
     assert out.objective == pytest.approx(ref_step.objective, rel=1e-10)
+
+
+@pytest.mark.parametrize(("k", "d", "n_labeled"), [(5, 20, 0), (5, 20, 30), (3, 40, 8), (5, 10, 0), (5, 10, 20)])
+def test_deferred_updates_pick_what_naive_picks(
+    k: int, d: int, n_labeled: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2B (r + 1) < 2 D: the forward pass defers P's and Q's updates. With 2B r < D (d = 20, 40) the
+    # backward pass reads them in the picks' span; with 2B r >= D (d = 10) it folds them into P and Q.
+    case = Case(seed=5 + k + n_labeled, n=400, d=d, k=k, batch=6, n_labeled=n_labeled, lam=0.05)
+    data = make_data(case)
+    out = bait(make_problem(data, case.batch), lam=case.lam)
+    assert out.diagnostics["pq_updates"] == "deferred"
+    monkeypatch.setenv("BAIT_STEP", "numpy")
+    ref_step = bait(make_problem(data, case.batch), lam=case.lam)
+    assert ref_step.diagnostics["pq_updates"] == "in place"
+    ref = naive_bait(data.x, data.probs, data.labeled, data.reserved, case.batch, lam=case.lam)
+    assert out.diagnostics["forward_indices"] == ref_step.diagnostics["forward_indices"] == ref.forward
+    assert out.indices.tolist() == ref_step.indices.tolist() == ref.indices
+    assert out.objective == pytest.approx(ref.objective, rel=1e-8)
+
+
+def test_deferred_updates_in_float32_stay_close_to_float64() -> None:
+    case = Case(seed=21, n=3000, d=48, k=8, batch=10, n_labeled=40, lam=0.05)
+    data = make_data(case)
+    o64 = bait(make_problem(data, case.batch, dtype=torch.float64), lam=case.lam)
+    o32 = bait(make_problem(data, case.batch, dtype=torch.float32), lam=case.lam)
+    assert o32.diagnostics["pq_updates"] == o64.diagnostics["pq_updates"] == "deferred"
+    assert o32.objective == pytest.approx(o64.objective, rel=1e-3)
