@@ -1072,9 +1072,10 @@ class _Bait:
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
         """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
         rc = int(st.et.shape[1])
-        if _fused_step_enabled() and len(picks) * rc < self.big_d:
+        if self.device.type == "cpu" and _fused_step_enabled() and len(picks) * rc < self.big_d:
             # In the picks' span when it is smaller than D: a removal then costs 3 (m rc)^2 rc instead
             # of ~3 D^2 rc (with m rc >= D, e.g. B = 100 at k = 10, d = 128, the D x D updates are cheaper).
+            # CPU only so far: the CUDA path keeps the backward pass its GPU figures were measured with.
             return self._backward_gram(st, picks, n_keep)
         self._fold_lazy(st)
         with _Workers(self.n_threads) as workers:
