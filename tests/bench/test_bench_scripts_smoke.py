@@ -169,7 +169,8 @@ def test_pool_cache_smoke_serves_warm_batches_without_reading_the_pool() -> None
         if name == "batch":
             continue
         seconds, load, peak = float(cells[0]), float(cells[1]), float(cells[4])
-        assert math.isfinite(seconds) and 0 < load <= seconds and peak > 0, (name, cells)
+        # Printed to 2 decimals: a cache hit's load (nothing read) can show as 0.00 on a fast machine.
+        assert math.isfinite(seconds) and 0 <= load <= seconds and peak > 0, (name, cells)
     assert rows["random before (whole pool read per batch)"][2:4] == ["uncached", "3,000"]
     assert rows["random cold (empty cache)"][2] == "ids" and rows["margin cold (empty cache)"][2] == "cold"
     for strategy in ("random", "margin"):
