@@ -574,7 +574,10 @@ class _Bait:
         # BLAS threads).
         f_cs = max(1, min(cs, math.ceil(self.n / _F_PARTIALS)))
         pool_chunks = 0 if self.mode != "fisher" else math.ceil(self.n / f_cs)
-        cand_chunks = math.ceil(n_cand / cs)
+        # The candidates' g, h chunks: at least one per worker thread (rows are independent, so the
+        # values do not depend on the split; one 4,740-row chunk kept the second core idle at k = 26).
+        gh_cs = max(1, min(cs, math.ceil(n_cand / self.n_threads)))
+        cand_chunks = math.ceil(n_cand / gh_cs)
         self.total = pool_chunks + cand_chunks + n_steps_total
 
         # F: weighted mean of I(x) over every pool row, accumulated in the matrix dtype.
@@ -737,7 +740,7 @@ class _Bait:
                 h[lo:hi] = ete @ block_quadratic_forms(xs, q_s) @ ec
 
         with _Workers(self.n_threads) as workers:
-            for _ in workers.map(gh_chunk, [(lo, min(n_cand, lo + cs)) for lo in range(0, n_cand, cs)]):
+            for _ in workers.map(gh_chunk, [(lo, min(n_cand, lo + gh_cs)) for lo in range(0, n_cand, gh_cs)]):
                 self._tick()
         # E^T contiguous: the per-step batched product E^T T was 1.6x faster than with a transposed view.
         et = e.transpose(1, 2).contiguous()
