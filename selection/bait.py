@@ -162,6 +162,15 @@ def _fused_step_enabled() -> bool:
     return os.environ.get("BAIT_STEP", "").strip() not in ("numpy", "legacy")
 
 
+def _span_backward(span: int, big_d: int) -> bool:
+    """Prune in the picks' span (``span = 2B rc`` columns) rather than on ``P`` and ``Q`` (``D = big_d``)?
+
+    When the span is smaller than ``D``: a removal then costs ``3 span^2 rc`` instead of ``~3 D^2 rc``
+    (with ``span >= D``, e.g. B = 100 at k = 10, d = 128, the ``D x D`` updates are cheaper).
+    """
+    return span < big_d
+
+
 def _small_bmm(a: Tensor, b: Tensor) -> Tensor:
     """Batched product of small matrices; on CPU through numpy's ``matmul``.
 
@@ -574,9 +583,9 @@ class _Bait:
         # BLAS threads).
         f_cs = max(1, min(cs, math.ceil(self.n / _F_PARTIALS)))
         pool_chunks = 0 if self.mode != "fisher" else math.ceil(self.n / f_cs)
-        # The candidates' g, h chunks: at least one per worker thread (rows are independent, so the
-        # values do not depend on the split; one 4,740-row chunk kept the second core idle at k = 26).
-        gh_cs = max(1, min(cs, math.ceil(n_cand / self.n_threads)))
+        # The candidates' g, h chunks: at least _F_PARTIALS of them too (one 4,740-row chunk kept the
+        # second core idle at k = 26); like F's, the split does not depend on the thread count.
+        gh_cs = max(1, min(cs, math.ceil(n_cand / _F_PARTIALS)))
         cand_chunks = math.ceil(n_cand / gh_cs)
         self.total = pool_chunks + cand_chunks + n_steps_total
 
@@ -665,7 +674,7 @@ class _Bait:
             p = torch.cholesky_inverse(chol)
             del chol
             if fmat is not None:
-                # Q_0 = P_0 F P_0, two D^3 GEMMs (half the setup at k = 26, d = 128), in the candidates'
+                # Q_0 = P_0 F P_0, two D^3 GEMMs (1.2 s of a 4 s setup at k = 26, d = 128), in the candidates'
                 # state dtype: their g and h are computed from P_0 and Q_0 cast to it anyway (p_s, q_s
                 # below), so a float32 pipeline's Q_0 loses nothing it keeps, and float32 GEMMs run at
                 # twice the rate (D = 3,200: 1.2 -> 0.6 s on 2 cores). A float64 pipeline is unchanged.
@@ -1005,7 +1014,8 @@ class _Bait:
         candidates' ``E^T``, ``g`` and ``h~`` move into the kernel's tile-major layout (lanes last) for
         the pass and back afterwards; per step and chunk of whole tiles, one OpenBLAS GEMM
         ``[U~ | R^]^T X^T`` (lanes contiguous) and one kernel call (no GIL) do the update and the scores.
-        Picks, gains and the ``P``/``Q`` updates are those of the numpy step (same ``_rank_update``).
+        Picks and gains are those of the numpy step (same ``_rank_update``); ``P``/``Q`` are updated in
+        place or, where cheaper, deferred (below).
         """
         assert st.h is not None
         n_cand = int(st.x.shape[0])
@@ -1029,8 +1039,10 @@ class _Bait:
         # step t's block matvecs then pay ~3 D t rc (r + 1) for the deferred part instead of the
         # 3 D^2 rc of updating P and Q, i.e. when n_steps (r + 1) < 2 D (k = 26, d = 128, 40 steps:
         # D = 3,200, a sixth of the updates' multiply-adds). The backward pass reads them as they are.
+        # The two D x (n_steps rc) buffers must also fit where the setup's transient F was (D^2 words):
+        # n_steps rc <= D / 2, so the peak memory stays within estimate_bytes.
         big_d = self.big_d
-        if st.q is not None and n_steps * (r + 1) < 2 * big_d:
+        if st.q is not None and n_steps * (r + 1) < 2 * big_d and 2 * n_steps * rc <= big_d:
             st.lazy_u = torch.zeros(big_d, n_steps * rc, dtype=self.mdt)
             st.lazy_r = torch.zeros(big_d, n_steps * rc, dtype=self.mdt)
             st.lazy_k = 0
@@ -1075,9 +1087,7 @@ class _Bait:
     def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
         """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
         rc = int(st.et.shape[1])
-        if self.device.type == "cpu" and _fused_step_enabled() and len(picks) * rc < self.big_d:
-            # In the picks' span when it is smaller than D: a removal then costs 3 (m rc)^2 rc instead
-            # of ~3 D^2 rc (with m rc >= D, e.g. B = 100 at k = 10, d = 128, the D x D updates are cheaper).
+        if self.device.type == "cpu" and _fused_step_enabled() and _span_backward(len(picks) * rc, self.big_d):
             # CPU only so far: the CUDA path keeps the backward pass its GPU figures were measured with.
             return self._backward_gram(st, picks, n_keep)
         self._fold_lazy(st)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from selection import bait as bait_module
 from selection import fused
 from selection.bait import _update_rows_numpy, bait
 from selection.linalg import trace_solve_scores
@@ -123,12 +124,15 @@ def test_forward_picks_equal_the_numpy_step_and_naive(k: int, chunk: int, monkey
     assert out.objective == pytest.approx(ref_step.objective, rel=1e-10)
 
 
-@pytest.mark.parametrize(("k", "d", "n_labeled"), [(5, 20, 0), (5, 20, 30), (3, 40, 8), (5, 10, 0), (5, 10, 20)])
+@pytest.mark.parametrize(("k", "d", "n_labeled"), [(5, 40, 0), (5, 40, 30), (3, 40, 8)])
+@pytest.mark.parametrize("span", [True, False])
 def test_deferred_updates_pick_what_naive_picks(
-    k: int, d: int, n_labeled: int, monkeypatch: pytest.MonkeyPatch
+    k: int, d: int, n_labeled: int, span: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 2B (r + 1) < 2 D: the forward pass defers P's and Q's updates. With 2B r < D (d = 20, 40) the
-    # backward pass reads them in the picks' span; with 2B r >= D (d = 10) it folds them into P and Q.
+    # 2B (r + 1) < 2 D and 2 (2B) r <= D: the forward pass defers P's and Q's updates. The backward pass
+    # reads them in the picks' span, or (span=False, as when 2B r >= D) folds them into P and Q first.
+    if not span:
+        monkeypatch.setattr(bait_module, "_span_backward", lambda span_cols, big_d: False)
     case = Case(seed=5 + k + n_labeled, n=400, d=d, k=k, batch=6, n_labeled=n_labeled, lam=0.05)
     data = make_data(case)
     out = bait(make_problem(data, case.batch), lam=case.lam)
@@ -140,6 +144,13 @@ def test_deferred_updates_pick_what_naive_picks(
     assert out.diagnostics["forward_indices"] == ref_step.diagnostics["forward_indices"] == ref.forward
     assert out.indices.tolist() == ref_step.indices.tolist() == ref.indices
     assert out.objective == pytest.approx(ref.objective, rel=1e-8)
+
+
+def test_updates_stay_in_place_when_deferring_would_exceed_the_memory_of_f() -> None:
+    # k = 10, d = 6: 2 * 2B * r = 2 * 24 * 9 > D = 54.
+    case = Case(seed=2, n=300, d=6, k=10, batch=12, lam=0.05)
+    out = bait(make_problem(make_data(case), case.batch), lam=case.lam)
+    assert out.diagnostics["pq_updates"] == "in place"
 
 
 def test_deferred_updates_in_float32_stay_close_to_float64() -> None:
