@@ -40,7 +40,6 @@ the exact one of its set whenever that fits the budgets (``diagnostics["objectiv
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -66,6 +65,7 @@ from selection.linalg import (
     logdet_scores,
     matmul,
     symmetrize_blocks,
+    torch_threads,
     trace_solve_scores,
 )
 from selection.problem import Problem, StrategyOutput, register
@@ -234,19 +234,6 @@ def _update_rows_numpy(
         op(hn, o, out=hn)
         if not half_h:
             op(hn, o.transpose(0, 2, 1), out=hn)
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads at ``n`` inside the block (restored after)."""
-    saved = torch.get_num_threads()
-    if saved != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != saved:
-            torch.set_num_threads(saved)
 
 
 class _Workers:
@@ -657,7 +644,7 @@ class _Bait:
             # The design rows' elementwise ops on one torch thread, the GEMMs on OpenBLAS's threads: with
             # both pools at 2 threads on 2 cores they alternate and wait on each other's spinning
             # threads (k = 26, n_L = 260: 0.83 s against ~0.1 s).
-            with _torch_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
+            with torch_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
                 m0 = kron_sum(
                     self.x_all[design],
                     None if self.probs is None else self.probs[design],

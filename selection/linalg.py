@@ -10,6 +10,9 @@ Everything here is pure torch: dtype and device follow the arguments, nothing is
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
@@ -81,6 +84,21 @@ def _sub_rows(width: int, x: Tensor) -> int:
     if x.device.type != "cpu":
         return max(1, int(x.shape[0]))
     return max(64, _SUB_BYTES // max(1, width * x.element_size()))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with torch's intra-op threads at ``n`` (>= 1), restoring the previous count after."""
+    if n < 1:
+        raise ValueError(f"torch threads must be >= 1, got {n}")
+    saved = torch.get_num_threads()
+    if saved != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != saved:
+            torch.set_num_threads(saved)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:

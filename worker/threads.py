@@ -18,34 +18,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
-import torch
 
 from selection import fused
 from selection.heads import HeadConfig, predict, train_head
+from selection.linalg import torch_threads
 
 log = logging.getLogger(__name__)
 
 _warm_lock = threading.Lock()
 _warmed = False
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block with torch's intra-op threads at ``n`` (>= 1), restoring the previous count after."""
-    if n < 1:
-        raise ValueError(f"torch threads must be >= 1, got {n}")
-    saved = torch.get_num_threads()
-    if saved != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != saved:
-            torch.set_num_threads(saved)
 
 
 def warm_up(threads: int = 1) -> float:
