@@ -114,7 +114,11 @@ def build_pool(url: str, n: int, d: int, n_checkpoints: int, n_labeled: int, n_v
 
 def sign_in(base: str, key: str) -> httpx.Client:
     client = httpx.Client(base_url=base, timeout=120)
-    r = client.post("/ui/login", data={"api_key": key}, follow_redirects=False)
+    form = client.get("/ui/login")  # the sign-in form's pre-session token, bound to its bait_login cookie
+    token = re.search(r'name="login_csrf" value="([^"]+)"', form.text)
+    if token is None:
+        raise RuntimeError(f"no sign-in form at {base}/ui/login: {form.status_code}")
+    r = client.post("/ui/login", data={"api_key": key, "login_csrf": token.group(1)}, follow_redirects=False)
     if r.status_code != 303:
         raise RuntimeError(f"sign-in failed: {r.status_code} {r.text[:300]}")
     return client

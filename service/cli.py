@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.domain import keys as keys_domain
+from service.logredact import install_log_redaction
 from service.migrate import SchemaOutdated, schema_problem, upgrade
 from service.scopes import ALL_SCOPES, DEFAULT_CLI_SCOPES, parse_scopes
 
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: invalid configuration: {problems}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()  # no URL credentials in any log line, whichever library writes it
     handlers = {
         "serve": _cmd_serve,
         "worker": _cmd_worker,

@@ -151,6 +151,19 @@ class Settings(BaseSettings):
         default=100 * 2**20, ge=1024, description="largest TorchScript encoder upload (stored in the database)"
     )
 
+    # Dashboard sessions and Label Studio hints (issue 24).
+    session_idle_seconds: int = Field(
+        default=2 * 3600, ge=60, description="a dashboard session ends after this long without a request"
+    )
+    session_max_seconds: int = Field(
+        default=12 * 3600, ge=60, description="a dashboard session ends this long after sign-in, however active"
+    )
+    labelstudio_hint_interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="least time between two reconciles that unauthenticated Label Studio events may start "
+        "(per integration; events in between are refused and counted)",
+    )
     # Key scopes and rate limits (issue 10).
     rate_limit: str = Field(
         default="600/minute",

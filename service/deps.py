@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from service.config import Settings
 from service.db import TRANSACTION_ATTEMPTS, is_retryable, retry_delay, session_scope
 from service.errors import InsufficientScope, Unauthorized
-from service.scopes import EXPENSIVE_ROUTES, endpoint_name, required_scope
+from service.scopes import EXPENSIVE_ROUTES, SIGNED_IN, endpoint_name, required_scope
 from service.security import hash_key
 from service.store.models import ApiKey, Tenant
 
@@ -100,16 +100,28 @@ def get_tenant(
     if found is None:
         raise Unauthorized("invalid or revoked API key")
     key, tenant = found
+    authorize(request, key)
+    return tenant
+
+
+def authorize(request: Request, key: ApiKey) -> None:
+    """The one authorisation check of the API and the dashboard: the key holds the scope the matched
+    route needs (:func:`service.scopes.required_scope`) and is within its rate limits (general, and the
+    expensive bucket for :data:`service.scopes.EXPENSIVE_ROUTES`).
+
+    Raises:
+        InsufficientScope: 403 ``insufficient_scope``.
+        RateLimited: 429 with ``Retry-After``.
+    """
     route = request.scope.get("route")
     endpoint = getattr(route, "endpoint", None)
     needed = required_scope(endpoint)
     held = tuple(key.scopes.split())
-    if needed not in held:
+    if needed != SIGNED_IN and needed not in held:
         raise InsufficientScope(needed, held)
     limiter = getattr(request.app.state, "rate_limiter", None)
     if limiter is not None:
         limiter.check(key.id, expensive=endpoint is not None and endpoint_name(endpoint) in EXPENSIVE_ROUTES)
-    return tenant
 
 
 TenantDep = Annotated[Tenant, Depends(get_tenant)]

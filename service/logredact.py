@@ -8,6 +8,10 @@
 - Query strings are dropped from access-log paths (they may carry tokens).
 - :func:`redact_url`: a URL with its user/password and query replaced, for log lines about webhooks and
   Label Studio.
+- :func:`install_log_redaction`: every log record of every library (httpx's "HTTP Request: POST
+  http://user:secret@host/hook" line included) has URL credentials (``user:password@``) and secret
+  query parameters (``token=``, ``secret=``, ``password=``, ``api_key=``, ``sig=``...) masked when it is
+  created, before any handler formats or ships it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,52 @@ class AccessLogRedactor(logging.Filter):
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
             record.args = (*args[:2], redact_path(args[2]), *args[3:])
         return True
+
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#]+@")
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&;](?:access_token|refresh_token|token|secret|client_secret|password|passwd|pwd|api_key|apikey|key"
+    r"|sig|signature|auth|x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&#\s'\"]*"
+)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every URL's credentials and secret query parameters replaced by ``***``."""
+    if "://" not in text and "=" not in text:
+        return text
+    return _SECRET_PARAM.sub(
+        lambda m: m.group(1) + REDACTED, _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    )
+
+
+def _needs_look(record: logging.LogRecord) -> bool:
+    if "://" in str(record.msg):
+        return True
+    args = record.args
+    items = args.values() if isinstance(args, dict) else args if isinstance(args, tuple) else ()
+    return any(not isinstance(a, int | float) and "://" in str(a) for a in items)
+
+
+def install_log_redaction() -> None:
+    """Mask URL credentials in every log record from now on, whichever library logs it (idempotent)."""
+    current = logging.getLogRecordFactory()
+    if getattr(current, "_bait_redacting", False):
+        return
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = current(*args, **kwargs)
+        if _needs_look(record):
+            try:
+                message = record.getMessage()
+            except Exception:  # a malformed record: leave it to logging's own error path
+                return record
+            cleaned = redact_text(message)
+            if cleaned != message:
+                record.msg, record.args = cleaned, None
+        return record
+
+    factory._bait_redacting = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
 
 
 def install_access_log_redaction() -> AccessLogRedactor:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from service import web
 from service.api import batches, checkpoints, health, integrations, items, labels, labelstudio_backend, pools, webhooks
@@ -19,6 +20,8 @@ from service.db import make_engine, make_sessionmaker
 from service.domain.jobs import recover_jobs
 from service.domain.webhooks import SweepTicker
 from service.errors import install_error_handlers
+from service.headers import SecurityHeaders
+from service.logredact import install_log_redaction
 from service.metrics import Metrics, MetricsMiddleware
 from service.middleware import UPLOAD_PATHS, BodySizeLimitMiddleware
 from service.migrate import check_schema
@@ -27,9 +30,18 @@ from service.ratelimit import KeyRateLimiter
 from service.textcheck import InvalidTextMiddleware
 
 
+class BaitApp(FastAPI):
+    """FastAPI with :class:`service.headers.SecurityHeaders` around the whole stack, outside even the
+    500 handler, so every response carries the security headers."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack())
+
+
 def create_app(settings: Settings | None = None, *, check_migrations: bool = True) -> FastAPI:
     """Build the app. Refuses to start (raises SchemaOutdated) on a schema behind the migrations."""
     settings = settings or get_settings()
+    install_log_redaction()  # no URL credentials in any log line of this process, whichever library writes it
     check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
     engine = make_engine(settings)
     if check_migrations:
@@ -53,7 +65,7 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
             queue.stop()
             engine.dispose()
 
-    app = FastAPI(
+    app = BaitApp(
         title="bait-service",
         version="0.1.0",
         description="Which items to label next: BAIT batch active learning as a service.",

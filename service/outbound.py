@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from service.errors import BadRequest
+from service.urls import http_url
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,10 @@ def resolve(host: str, port: int, policy: OutboundPolicy) -> str:
 
 
 def _host_port(url: str) -> tuple[str, str, int]:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise OutboundRefused(f"malformed URL ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise OutboundRefused(f"unsupported scheme {scheme or '(none)'!r}: only http:// and https:// URLs are allowed")
@@ -227,11 +231,13 @@ def check_url(url: str, policy: OutboundPolicy) -> None:
 
 
 def check_destination(url: str, policy: OutboundPolicy, what: str) -> None:
-    """:func:`check_url` for API handlers: a refusal is a 400 ``destination_refused``."""
+    """:func:`check_url` for API handlers: a malformed URL is a 400 ``invalid_url``
+    (:func:`service.urls.http_url`), a refusal a 400 ``destination_refused``."""
+    parts = http_url(url, what)
     try:
         check_url(url, policy)
     except OutboundRefused as exc:
-        raise DestinationRefused(f"{what} {exc.message}", {"url_host": urlsplit(url).hostname}) from None
+        raise DestinationRefused(f"{what} {exc.message}", {"url_host": parts.hostname}) from None
 
 
 # ------------------------------------------------------------------------------------------ transport

@@ -26,6 +26,8 @@ LABEL = "label"
 SELECT = "select"
 ADMIN = "admin"
 ALL_SCOPES: tuple[str, ...] = (READ, LABEL, SELECT, ADMIN)
+#: not a scope: a route any valid key (or dashboard session) may use, such as signing out
+SIGNED_IN = "signed_in"
 #: what `bait keys create` grants without --scope: everything but admin (an operator grants admin on purpose)
 DEFAULT_CLI_SCOPES: tuple[str, ...] = (READ, LABEL, SELECT)
 
@@ -86,6 +88,20 @@ ROUTE_SCOPES: dict[str, str] = {
     "service.api.integrations:reconcile": ADMIN,
     "service.api.integrations:get_reconcile": ADMIN,
     "service.api.integrations:rotate_secret": ADMIN,
+    # the dashboard (/ui): each page needs the scope of the API route that serves the same data
+    "service.web.routes:pools_page": READ,  # GET /v1/pools
+    "service.web.routes:pool_page": READ,  # GET /v1/pools/{pool}, its batches and curve
+    "service.web.routes:batches_fragment": READ,  # GET /v1/pools/{pool}/batches
+    "service.web.routes:curve_json": READ,  # GET /v1/pools/{pool}/curve
+    "service.web.routes:map_json": READ,  # GET /v1/pools/{pool}/map
+    "service.web.routes:batch_page": READ,  # GET /v1/pools/{pool}/batches/{batch}
+    "service.web.routes:export_batch": READ,  # GET /v1/pools/{pool}/batches/{batch} + items
+    "service.web.routes:request_batch": SELECT,  # POST /v1/pools/{pool}/batches
+    "service.web.routes:cancel_batch": SELECT,  # POST .../batches/{batch}/cancel
+    "service.web.routes:label_item": LABEL,  # PUT /v1/pools/{pool}/labels
+    "service.web.routes:logout": SIGNED_IN,
+    "service.web.routes:sessions_page": ADMIN,  # the tenant's keys' sessions
+    "service.web.routes:end_session": ADMIN,
 }
 
 # Routes that cost the service real work (uploads, jobs, outbound calls): they count against the
@@ -102,6 +118,7 @@ EXPENSIVE_ROUTES: frozenset[str] = frozenset(
         "service.api.integrations:connect_labelstudio",
         "service.api.integrations:reconcile",
         "service.api.batches:retry_delivery",
+        "service.web.routes:request_batch",
     }
 )
 

@@ -100,9 +100,19 @@ def file_path(uri: str, root: Path | None) -> Path:
     real = Path(os.path.realpath(raw))
     if not real.is_relative_to(real_root):
         raise BadReference(
-            f"file {raw!r} lies outside the data root; only files under this tenant's folder {str(root)!r} are read"
+            "the file lies outside the data root (this tenant's own folder); only files under it are read"
         )
     return real
+
+
+def shown_path(path: Path, root: Path | None) -> str:
+    """``path`` as an error message may show it: relative to the tenant's data folder, never the server's
+    absolute path."""
+    if root is not None:
+        real_root = Path(os.path.realpath(root))
+        if path.is_relative_to(real_root):
+            return str(path.relative_to(real_root)) or "."
+    return path.name
 
 
 def read_file(uri: str, limits: FetchLimits) -> bytes:
@@ -114,11 +124,13 @@ def read_file(uri: str, limits: FetchLimits) -> bytes:
                 raise BadReference(f"file is {size} bytes, more than the limit of {limits.max_bytes}")
             data = fh.read(limits.max_bytes + 1)
     except FileNotFoundError:
-        raise BadReference(f"file not found: {unquote(urlsplit(uri).path)}") from None
+        raise BadReference(
+            f"file not found in the tenant's data folder: {shown_path(path, limits.data_root)}"
+        ) from None
     except IsADirectoryError:
-        raise BadReference(f"not a file: {unquote(urlsplit(uri).path)}") from None
+        raise BadReference(f"not a file: {shown_path(path, limits.data_root)}") from None
     except PermissionError:
-        raise BadReference(f"file not readable: {unquote(urlsplit(uri).path)}") from None
+        raise BadReference(f"file not readable: {shown_path(path, limits.data_root)}") from None
     if len(data) > limits.max_bytes:
         raise BadReference(f"file is more than the limit of {limits.max_bytes} bytes")
     return data

@@ -97,6 +97,11 @@ class IntegrationOut(BaseModel):
     unmatched_annotations: int = Field(
         description="annotations on tasks that match no item of the pool (they become no label)"
     )
+    refused_hints: int = Field(
+        default=0,
+        description="delete events that came without credentials and were refused because a reconcile had run "
+        "less than BAIT_LABELSTUDIO_HINT_INTERVAL_SECONDS before",
+    )
     train_requested: bool = Field(description="a START_TRAINING waits for the auto_batch policy to allow a batch")
     created_at: datetime
     updated_at: datetime

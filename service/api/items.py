@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from service.api.schemas import ItemOut, ItemPage, ItemsUpsert, UpsertResult
+from service.config import tenant_data_root
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import embedding as embedding_domain
 from service.domain import ingest, item_data
@@ -98,7 +99,12 @@ def upsert_items(
     `GET /v1/pools/{pool}/embed`). Until then they are `pending` and never selected."""
     p = get_pool(session, tenant.id, pool)
     items_domain.check_ids([it.id for it in body.items])
-    item_data.check_data([it.id for it in body.items], [it.data for it in body.items], settings.max_item_data_bytes)
+    item_data.check_data(
+        [it.id for it in body.items],
+        [it.data for it in body.items],
+        settings.max_item_data_bytes,
+        tenant_data_root(settings, tenant.name),
+    )
     direct = [it for it in body.items if it.embedding is not None]
     refs = [it for it in body.items if it.embedding is None]
     created = updated = 0
@@ -200,6 +206,7 @@ async def bulk_upload(
             split=split,
             data_column=data_column,
             max_data_bytes=settings.max_item_data_bytes,
+            data_root=tenant_data_root(settings, tenant.name),
             block_bytes=settings.bulk_block_bytes,
         )
     finally:

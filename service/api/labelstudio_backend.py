@@ -43,6 +43,7 @@ from service.deps import SessionDep, SettingsDep
 from service.domain import content
 from service.domain import integrations as domain
 from service.errors import ERROR_RESPONSES, BadRequest
+from service.headers import CONTENT_CSP
 from service.queue import JobQueue
 from service.store.models import Integration
 
@@ -206,7 +207,14 @@ async def _webhook(
                 integration = domain.authenticate(session, integration_id, secret)
             else:
                 integration = domain.known_integration(session, integration_id)
-            out = domain.handle_webhook(session, _queue(request), integration, payload, verified=verified)
+            out = domain.handle_webhook(
+                session,
+                _queue(request),
+                integration,
+                payload,
+                verified=verified,
+                hint_interval_s=request.app.state.settings.labelstudio_hint_interval_seconds,
+            )
             session.commit()
             return out
         except BaseException:
@@ -223,7 +231,14 @@ content_router = APIRouter(tags=["labelstudio ml backend"])
 
 @content_router.get("/labelstudio/content/{token}", responses=ERROR_RESPONSES, response_class=FileResponse)
 def item_content(token: str, session: SessionDep, settings: SettingsDep) -> FileResponse:
-    """An item's file (image, audio, video, plain text) behind a signed, expiring link put in a task."""
+    """An item's file behind a signed, expiring link put in a task: raster images and plain text inline,
+    anything else as an attachment; sandboxed, never sniffed."""
     ref = content.verify(settings, token)
     path, media = content.resolve(session, settings, ref)
-    return FileResponse(path, media_type=media, headers={"Cache-Control": "private, max-age=3600"})
+    headers = {
+        "Cache-Control": "private, max-age=3600",
+        "Content-Disposition": content.disposition(media, path.name),
+        "Content-Security-Policy": CONTENT_CSP,
+        "X-Content-Type-Options": "nosniff",
+    }
+    return FileResponse(path, media_type=media, headers=headers)

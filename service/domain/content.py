@@ -6,7 +6,13 @@ the data key (empty: the item's uri) and an expiry, and is signed with HMAC-SHA2
 from the service secret (``BAIT_SECRET_KEY`` or the embedded key file). The route that serves it checks
 the signature and expiry, reads the item's *current* reference, and serves the file only if it lies
 under the tenant's data root (``$BAIT_DATA_ROOT/<tenant name>/`` or
-the folder the operator assigned it) and is a media file (image, audio, video, plain text).
+the folder the operator assigned it).
+
+What is shown inline is an allowlist that cannot run script: raster images and plain text
+(:data:`INLINE_TYPES`). Everything else (SVG, HTML, XML, PDF, audio, video, unknown types) is served as
+an attachment. Every answer carries ``X-Content-Type-Options: nosniff`` and
+``Content-Security-Policy: default-src 'none'; sandbox`` (:data:`service.headers.CONTENT_CSP`), so
+even a file opened directly in a signed-in browser runs nothing on the service's origin.
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ from service.config import Settings, tenant_data_root
 from service.errors import NotFound, ServiceError
 from service.store.models import Item, Pool, Tenant
 
-SERVED_TYPES = ("image/", "audio/", "video/", "text/plain")
+# Shown inline: raster images and plain text, which a browser renders without running anything.
+INLINE_TYPES = frozenset(
+    {"image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp", "image/avif", "text/plain"}
+)
 
 
 class ContentForbidden(ServiceError):
@@ -116,7 +125,10 @@ def resolve(session: Session, settings: Settings, ref: ContentRef) -> tuple[Path
             "file:// content is disabled for this tenant: the operator has not set BAIT_DATA_ROOT "
             "(or assigned the tenant a folder)"
         )
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        raise ContentForbidden("the item's file reference is not a valid URL") from None
     raw = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not raw.startswith("/") or "\x00" in raw:
         raise ContentForbidden("the item's file reference is not a file:///absolute/path")
@@ -124,11 +136,16 @@ def resolve(session: Session, settings: Settings, ref: ContentRef) -> tuple[Path
     if not real.is_relative_to(Path(os.path.realpath(root))):
         raise ContentForbidden("the item's file lies outside the data root (this tenant's own folder)")
     media = mimetypes.guess_type(real.name)[0] or "application/octet-stream"
-    if not media.startswith(SERVED_TYPES):
-        raise ContentForbidden(f"only image, audio, video and plain-text files are served (this is {media})")
     if not real.is_file():
         raise NotFound("the item's file does not exist")
     return real, media
+
+
+def disposition(media: str, filename: str) -> str:
+    """``inline`` for :data:`INLINE_TYPES`, else ``attachment`` (the browser saves the file, never renders it)."""
+    kind = "inline" if media in INLINE_TYPES else "attachment"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in filename)[:100] or "content"
+    return f'{kind}; filename="{safe}"'
 
 
 def link_maker(settings: Settings, base_url: str, pool_id: str, item_id: str) -> Callable[[str | None, str], str]:

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
 
@@ -24,6 +23,7 @@ from service.errors import BadRequest, NotFound, TooManyItems
 from service.queue import JobQueue, enqueue_on_commit
 from service.store import embedding as repo
 from service.store.models import EmbedJob, Pool
+from service.urls import split_url
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def check_references(pool: Pool, ids: Sequence[str], uris: Sequence[str | None],
     for ext, uri in zip(ids, uris, strict=True):
         if uri is None:
             continue
-        scheme = urlsplit(uri).scheme.lower()
+        scheme = split_url(uri, f"item {ext!r} uri").scheme.lower()
         if scheme not in URI_SCHEMES:
             raise InvalidReference(
                 f"item {ext!r}: unsupported uri scheme {scheme or '(none)'!r}; use file://, http:// or https://",

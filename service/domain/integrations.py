@@ -38,6 +38,7 @@ from service.queue import JobFailed, JobQueue, JobTimeout, enqueue_on_commit
 from service.store import batches as batches_repo
 from service.store import integrations as repo
 from service.store.models import Integration, Pool, ReconcileRun
+from service.urls import http_url
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +161,7 @@ def connect_labelstudio(
 ) -> tuple[Integration, str]:
     """Create the integration; returns it and its ML-backend secret (shown once)."""
     pool = get_pool(session, tenant_id, pool_id)
-    if not req.url.startswith(("http://", "https://")):
-        raise BadRequest(f"url must be the http(s) address of Label Studio, got {req.url!r}")
+    http_url(req.url, "Label Studio url")  # malformed, not http(s), no host: 400 invalid_url
     if not req.token:
         raise BadRequest("token must be a Label Studio API token")
     # Checked even when `verify` is off: workers would call this address later.
@@ -236,6 +236,30 @@ def request_reconcile(
     return run
 
 
+def _hinted_reconcile(session: Session, queue: JobQueue, integration: Integration, interval_s: float) -> dict[str, Any]:
+    """A reconcile for a delete event that came without credentials: at most one queued or running per
+    integration (the event joins it), and none started within ``interval_s`` of the previous one
+    (the event is refused and counted in the integration's ``refused_hints``)."""
+    repo.lock_integration(session, integration.id)  # concurrent hints of one integration take turns here
+    now = utcnow()
+    active = repo.active_reconcile(session, integration.id, now - timedelta(minutes=10))
+    if active is not None:
+        return {"status": "coalesced", "reconcile_id": active.id}
+    last = repo.latest_reconcile(session, integration.id)
+    if last is not None and (now - last.created_at).total_seconds() < interval_s:
+        state = dict(integration.state or {})
+        state["refused_hints"] = int(state.get("refused_hints") or 0) + 1
+        state["last_refused_hint_at"] = now.isoformat()
+        integration.state = state
+        return {
+            "status": "ignored",
+            "reason": f"a reconcile ran {int((now - last.created_at).total_seconds())} s ago; unauthenticated "
+            f"events start at most one every {interval_s:g} s",
+        }
+    run = request_reconcile(session, queue, integration, trigger="webhook-hint")
+    return {"status": "queued", "reconcile_id": run.id}
+
+
 def get_reconcile(session: Session, integration: Integration, run_id: str) -> ReconcileRun:
     run = repo.get_reconcile(session, integration.id, run_id)
     if run is None:
@@ -264,6 +288,7 @@ def view(session: Session, integration: Integration) -> dict[str, Any]:
     return {
         "adoption": state.get("adoption"),
         "unmatched_annotations": int(state.get("unmatched_annotations") or 0),
+        "refused_hints": int(state.get("refused_hints") or 0),
         "train_requested": state.get("train_requested_at") is not None,
         "id": integration.id,
         "kind": integration.kind,
@@ -357,7 +382,13 @@ def predict(
 
 
 def handle_webhook(
-    session: Session, queue: JobQueue, integration: Integration, payload: dict[str, Any], *, verified: bool = True
+    session: Session,
+    queue: JobQueue,
+    integration: Integration,
+    payload: dict[str, Any],
+    *,
+    verified: bool = True,
+    hint_interval_s: float = 60.0,
 ) -> dict[str, Any]:
     """Queue what a Label Studio webhook asks for; never raises for a payload we do not handle.
 
@@ -366,6 +397,8 @@ def handle_webhook(
     annotation back from Label Studio with our token and applies what Label Studio says. A
     ``START_TRAINING`` (Label Studio sends it with the backend's credentials) must be verified.
     Duplicates (a second webhook, a retry) are dropped by the job: (annotation id, updated time) once.
+    An unverified delete event coalesces (:func:`_hinted_reconcile`): anyone who knows an integration's
+    id can send one, and each reconcile lists the whole Label Studio project with the tenant's token.
     """
     action = str(payload.get("action") or "")
     if action in ANNOTATION_EVENTS:
@@ -400,6 +433,8 @@ def handle_webhook(
         enqueue_on_commit(session, queue, APPLY_ANNOTATION, job_id, integration_id=integration.id, event=event)
         return {"status": "queued", "job_id": job_id}
     if action in DELETE_EVENTS:
+        if not verified:
+            return _hinted_reconcile(session, queue, integration, hint_interval_s)
         run = request_reconcile(session, queue, integration, trigger="webhook")
         return {"status": "queued", "reconcile_id": run.id}
     if action == "START_TRAINING":

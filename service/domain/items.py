@@ -10,6 +10,7 @@ import binascii
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -123,6 +124,7 @@ def upsert_file(
     split: str | None = None,
     data_column: str | None = None,
     max_data_bytes: int = 64 * 2**10,
+    data_root: Path | None = None,
     block_bytes: int = ingest.BLOCK_BYTES,
 ) -> tuple[int, int]:
     """Upsert the items of an .npz or Parquet file (with their content when the file has a ``data``
@@ -159,7 +161,9 @@ def upsert_file(
             seen.update(block.ids)
             with np.errstate(over="ignore"):
                 emb32 = check_embeddings(pool, block.ids, block.embeddings)
-            datas = item_data.parse_json_strings(block.ids, block.data, max_data_bytes) if block.data else None
+            datas = (
+                item_data.parse_json_strings(block.ids, block.data, max_data_bytes, data_root) if block.data else None
+            )
             writer.write(block.ids, emb32)
             if split is not None:
                 ids = list(items_repo.internal_ids(session, pool.id, block.ids).values())

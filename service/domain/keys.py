@@ -6,13 +6,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.scopes import ALL_SCOPES, format_scopes
 from service.security import generate_key, hash_key, key_prefix
-from service.store.models import ApiKey, Tenant
+from service.store.models import ApiKey, Tenant, WebSession
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,15 @@ def revoke_key(session: Session, key_id_or_prefix: str) -> KeyInfo:
     if len(rows) != 1:
         raise NotFound(f"no single key with id or prefix {key_id_or_prefix!r} ({len(rows)} match)")
     key, tenant = rows[0]
+    now = datetime.now(UTC)
     if key.revoked_at is None:
-        key.revoked_at = datetime.now(UTC)
+        key.revoked_at = now
+    # its dashboard sessions end with it (they would be refused anyway: every request re-reads the key)
+    session.execute(
+        update(WebSession)
+        .where(WebSession.key_id == key.id, WebSession.ended_at.is_(None))
+        .values(ended_at=now, ended_reason="revoked")
+    )
     session.flush()
     return _info(key, tenant)
 

@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
 
@@ -37,11 +36,11 @@ from service import crypto
 from service.config import Settings
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound
-from service.logredact import redact_url
 from service.outbound import OutboundPolicy, check_destination
 from service.queue import JobQueue
 from service.store import integrations as repo
 from service.store.models import WebhookDelivery, WebhookEndpoint
+from service.urls import http_url
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +110,7 @@ class EndpointRequest:
 
 
 def _check_url(url: str, settings: Settings) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise BadRequest(f"webhook url must be an absolute http(s) URL, got {redact_url(url)!r}")
+    http_url(url, "webhook url")  # malformed, not http(s) or no host: 400 invalid_url
     # Resolved and checked now (and again at every delivery): loopback, private, link-local... refused.
     check_destination(url, OutboundPolicy.from_settings(settings), "webhook url")
     return url

@@ -81,6 +81,21 @@ def queued_reconcile(session: Session, integration_id: str, since: datetime) -> 
     return session.execute(stmt.order_by(ReconcileRun.created_at).limit(1)).scalar_one_or_none()
 
 
+def active_reconcile(session: Session, integration_id: str, since: datetime) -> ReconcileRun | None:
+    """A run of the integration queued or running, requested after ``since`` (older ones are presumed lost)."""
+    stmt = select(ReconcileRun).where(
+        ReconcileRun.integration_id == integration_id,
+        ReconcileRun.status.in_(("queued", "running")),
+        ReconcileRun.created_at > since,
+    )
+    return session.execute(stmt.order_by(ReconcileRun.created_at).limit(1)).scalar_one_or_none()
+
+
+def latest_reconcile(session: Session, integration_id: str) -> ReconcileRun | None:
+    stmt = select(ReconcileRun).where(ReconcileRun.integration_id == integration_id)
+    return session.execute(stmt.order_by(ReconcileRun.created_at.desc()).limit(1)).scalar_one_or_none()
+
+
 def prune_events(session: Session, integration_id: str, before: datetime) -> None:
     session.execute(
         delete(LabelStudioEvent).where(

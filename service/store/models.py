@@ -102,6 +102,24 @@ class ApiKey(Base):
     scopes: Mapped[str] = mapped_column(String(64), server_default="read label select admin")
 
 
+class WebSession(Base):
+    """A dashboard sign-in: the cookie carries a random token whose SHA-256 is ``token_hash``. Signing out,
+    an admin ending it, the key's revocation, ``BAIT_SESSION_IDLE_SECONDS`` without a request or
+    ``BAIT_SESSION_MAX_SECONDS`` since sign-in end it."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    csrf: Mapped[str] = mapped_column(String(64))
+    user_agent: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    ended_reason: Mapped[str | None] = mapped_column(String(32))  # logout | admin | revoked | idle | expired
+
+
 class Pool(Base):
     __tablename__ = "pools"
     __table_args__ = (UniqueConstraint("tenant_id", "name"),)

@@ -52,12 +52,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
-        if not request.url.path.startswith("/ui/") or request.url.path.endswith(".json"):
+        if not request.url.path.startswith("/ui") or request.url.path.endswith(".json"):
             response: Response = await api_handler(request, exc)
             return response
         return routes.TEMPLATES.TemplateResponse(
             request, "error.html", {"user": None, "status": exc.status_code, "message": exc.message},
-            status_code=exc.status_code,
+            status_code=exc.status_code, headers=exc.headers,
         )  # fmt: skip
 
     @app.get("/docs", include_in_schema=False)

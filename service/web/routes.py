@@ -5,8 +5,6 @@ tenant of the signed-in key; forms are POSTed with the session's CSRF token and 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,27 +14,24 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from service.csvsafe import write_csv
 from service.deps import SessionDep
 from service.domain import batches as batches_domain
 from service.domain import dashboard
 from service.domain import quality as quality_domain
 from service.domain.labels import LabelWrite, put_labels
 from service.domain.pools import get_pool
-from service.errors import ServiceError
+from service.errors import NotFound, ServiceError
 from service.queue import JobQueue
 from service.web import session as web_session
 from service.web.session import WebUser
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
-# Pages load scripts, styles and data from this service only (thumbnails are inline data: URIs).
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
 def _user(request: Request, session: SessionDep) -> WebUser:
+    """The signed-in user, authorised for this route like an API request (scope, rate limits)."""
     return web_session.current_user(request, session)
 
 
@@ -55,22 +50,11 @@ def _check_post(request: Request, user: WebUser, token: str | None) -> None:
         raise CsrfFailed()
 
 
-def _lacks(user: WebUser, scope: str, url: str) -> Response | None:
-    """A redirect back with an error when the signed-in key lacks ``scope`` (the API would answer 403)."""
-    if user.can(scope):
-        return None
-    have = ", ".join(user.scopes)
-    return _back(url, error=f"this API key lacks the {scope!r} scope needed for that (it has: {have})")
-
-
 def _page(request: Request, name: str, user: WebUser | None, status_code: int = 200, **context: Any) -> HTMLResponse:
-    response = TEMPLATES.TemplateResponse(
+    # security headers (CSP, nosniff, framing, referrer) come from service.headers, on every response
+    return TEMPLATES.TemplateResponse(
         request, name, {"user": user, "csrf": None if user is None else user.csrf, **context}, status_code=status_code
     )
-    response.headers["Content-Security-Policy"] = CSP
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "same-origin"
-    return response
 
 
 def _back(url: str, message: str | None = None, error: str | None = None) -> RedirectResponse:
@@ -94,7 +78,15 @@ def _safe_next(target: str | None) -> str:
 
 @router.get("/login", response_class=HTMLResponse)
 def login_page(request: Request, next: str | None = None, err: str | None = None) -> HTMLResponse:
-    return _page(request, "login.html", None, next=_safe_next(next), err=err)
+    return _login_form(request, next=_safe_next(next), err=err)
+
+
+def _login_form(request: Request, status_code: int = 200, next: str = "/ui", err: str | None = None) -> HTMLResponse:
+    """The sign-in page with a pre-session token, bound to the browser by the ``bait_login`` cookie."""
+    token = web_session.login_token(request)
+    response = _page(request, "login.html", None, status_code=status_code, next=next, err=err, login_csrf=token)
+    web_session.set_login_cookie(response, request, token)
+    return response
 
 
 @router.post("/login")
@@ -103,26 +95,64 @@ def login(
     session: SessionDep,
     api_key: Annotated[str, Form(max_length=200)],
     next: Annotated[str, Form()] = "/ui",
+    login_csrf: Annotated[str, Form(max_length=100)] = "",
 ) -> Response:
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
-        return _page(request, "login.html", None, status_code=403, next="/ui", err="cross-site sign-in refused")
-    value = web_session.sign_in(session, request.app.state.settings, api_key)
-    if value is None:
-        return _page(
-            request, "login.html", None, status_code=401, next=_safe_next(next), err="invalid or revoked API key"
-        )
+    cross_site = bool(origin) and (origin == "null" or urlsplit(origin).netloc != request.url.netloc)
+    if cross_site or not web_session.login_token_ok(request, login_csrf):
+        # Login CSRF: another site's form (any Origin, "null" or none) cannot carry the bait_login cookie.
+        return _login_form(request, 403, err="sign-in form expired or sent from another site: sign in again here")
+    token = web_session.sign_in(session, api_key, request.headers.get("user-agent"))
+    if token is None:
+        return _login_form(request, 401, next=_safe_next(next), err="invalid or revoked API key")
     response = RedirectResponse(_safe_next(next), status_code=303)
-    web_session.set_cookie(response, request, value)
+    web_session.set_cookie(response, request, token, request.app.state.settings)
+    response.delete_cookie(web_session.LOGIN_COOKIE, path="/ui/login")
     return response
 
 
 @router.post("/logout")
-def logout(request: Request, user: UserDep, csrf: Annotated[str, Form()] = "") -> Response:
+def logout(request: Request, session: SessionDep, user: UserDep, csrf: Annotated[str, Form()] = "") -> Response:
     _check_post(request, user, csrf)
+    web_session.end_session(session, user.session_id, "logout")
     response = RedirectResponse("/ui/login", status_code=303)
     web_session.clear_cookie(response)
     return response
+
+
+@router.get("/sessions", response_class=HTMLResponse)
+def sessions_page(
+    request: Request, session: SessionDep, user: UserDep, msg: str | None = None, err: str | None = None
+) -> HTMLResponse:
+    """An admin's view of the signed-in sessions of the tenant's keys, each of which it can end."""
+    settings = request.app.state.settings
+    now = web_session._now()
+    rows = [
+        {
+            "id": s.id,
+            "key_prefix": k.prefix,
+            "key_name": k.name,
+            "user_agent": s.user_agent,
+            "created_at": s.created_at,
+            "last_seen_at": s.last_seen_at,
+            "state": s.ended_reason or web_session.end_reason(s, settings, now) or "active",
+            "yours": s.id == user.session_id,
+        }
+        for s, k in web_session.key_sessions(session, user.tenant.id)
+    ]
+    return _page(request, "sessions.html", user, sessions=rows, msg=msg, err=err)
+
+
+@router.post("/sessions/{session_id}/end")
+def end_session(
+    request: Request, session_id: str, session: SessionDep, user: UserDep, csrf: Annotated[str, Form()] = ""
+) -> Response:
+    _check_post(request, user, csrf)
+    ids = {s.id for s, _ in web_session.key_sessions(session, user.tenant.id)}
+    if session_id not in ids:  # another tenant's session, or none: the same answer
+        raise NotFound(f"session {session_id!r} not found")
+    ended = web_session.end_session(session, session_id, "admin")
+    return _back("/ui/sessions", message="session ended" if ended else "that session had already ended")
 
 
 # ------------------------------------------------------------------------------------------- pages
@@ -182,13 +212,8 @@ def export_batch(pool: str, batch: str, fmt: str, session: SessionDep, user: Use
     if fmt == "jsonl":
         body = "".join(json.dumps(r) + "\n" for r in rows)
         return Response(body, media_type="application/x-ndjson", headers=headers)
-    buf = io.StringIO()
-    writer = csv.DictWriter(
-        buf, fieldnames=["position", "item_id", "status", "label", "predicted", "confidence", "text", "uri"]
-    )
-    writer.writeheader()
-    writer.writerows(rows)
-    return Response(buf.getvalue(), media_type="text/csv", headers=headers)
+    fields = ["position", "item_id", "status", "label", "predicted", "confidence", "text", "uri"]
+    return Response(write_csv(rows, fields), media_type="text/csv", headers=headers)
 
 
 # ----------------------------------------------------------------------------------------- actions
@@ -210,8 +235,6 @@ def request_batch(
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
     _check_post(request, user, csrf)
-    if (denied := _lacks(user, "select", f"/ui/pools/{pool}")) is not None:
-        return denied
     req = batches_domain.BatchRequest(size=size, strategy=strategy, params={})
     try:
         batch, _ = batches_domain.create_batch(session, _queue(request), user.tenant.id, pool, req)
@@ -227,8 +250,6 @@ def cancel_batch(
     request: Request, pool: str, batch: str, session: SessionDep, user: UserDep, csrf: Annotated[str, Form()] = ""
 ) -> Response:
     _check_post(request, user, csrf)
-    if (denied := _lacks(user, "select", f"/ui/pools/{pool}/batches/{batch}")) is not None:
-        return denied
     try:
         batches_domain.cancel_batch(session, user.tenant.id, pool, batch)
     except ServiceError as exc:
@@ -252,8 +273,6 @@ def label_item(
     """Label one item by hand (class name, or comma-separated numbers for a regression target)."""
     _check_post(request, user, csrf)
     target = _safe_next(back)
-    if (denied := _lacks(user, "label", target)) is not None:
-        return denied
     p = get_pool(session, user.tenant.id, pool)
     try:
         if p.task == "classification":

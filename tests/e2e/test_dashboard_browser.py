@@ -305,3 +305,64 @@ def test_dashboard_in_chromium(deployment: tuple[str, dict[str, str]], browser: 
     print(f"browser flow on {base} in {time.monotonic() - t0:.1f} s, {len(net.requests)} requests, all local")
     if shots != tmp_path / "shots":
         shutil.rmtree(tmp_path / "shots", ignore_errors=True)
+
+
+SVG_ATTACK = """<svg xmlns="http://www.w3.org/2000/svg" width="100" height="100"><script>
+fetch('/ui/pools/POOL', {credentials: 'include'}).then(r => r.text()).then(page => {
+  const csrf = page.match(/name="csrf" value="([^"]+)"/)[1];
+  const form = new FormData();
+  form.append('item_id', 'victim'); form.append('value', 'cat'); form.append('csrf', csrf); form.append('back', '/ui');
+  return fetch('/ui/pools/POOL/labels', {method: 'POST', body: form, credentials: 'include'});
+}).then(() => { document.title = 'pwned'; });
+</script><circle cx="50" cy="50" r="40"/></svg>"""
+
+
+def test_svg_behind_a_content_link_runs_nothing(tmp_path: Path, browser: Any) -> None:
+    """Issue 24, finding 5: a tenant's SVG whose script reads the dashboard's CSRF token and writes a label,
+    opened through its signed content link in a browser signed in to /ui. The link serves it as a
+    sandboxed attachment (nosniff, ``default-src 'none'; sandbox``): nothing runs, nothing is written."""
+    from service.config import Settings
+    from service.domain import content
+
+    root = tmp_path / "files"
+    (root / "acme").mkdir(parents=True)
+    db_url = f"sqlite:///{tmp_path / 'data' / 'bait.db'}"
+    env = bait_env(db_url, None, "bait", data_root=str(root))
+    server, base = serve(env, tmp_path / "serve.log", migrate=True)
+    try:
+        key = bait("keys", "create", "--tenant", "acme", env=env).strip().splitlines()[-1]
+        http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        body = {"name": "svg", "task": "classification", "classes": ["cat", "dog"], "embedding_dim": 2}
+        pool = http.post("/v1/pools", json=body).json()["id"]
+        (root / "acme" / "evil.svg").write_text(SVG_ATTACK.replace("POOL", pool))
+        items = [
+            {"id": "evil", "embedding": [1.0, 0.0], "data": {"image": f"file://{root}/acme/evil.svg"}},
+            {"id": "victim", "embedding": [0.0, 1.0]},
+        ]
+        assert http.post(f"/v1/pools/{pool}/items", json={"items": items}).status_code == 200
+        settings = Settings(database_url=db_url, secret_key=env["BAIT_SECRET_KEY"], data_root=root)
+        link = f"{base}/labelstudio/content/{content.sign(settings, pool, 'evil', 'image', 600)}"
+        head = httpx.get(link)
+        assert head.status_code == 200 and head.headers["content-disposition"].startswith("attachment")
+
+        browser.execute_cdp_cmd(
+            "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path / "downloads")}
+        )
+        browser.get(f"{base}/ui")
+        browser.find_element(By.ID, "api_key").send_keys(key)
+        browser.find_element(By.ID, "sign-in").click()
+        wait_for(lambda: browser.find_elements(By.ID, "pools"), 30, "not signed in")
+        net = Network(browser)
+        net.drain()
+        net.requests.clear()
+        browser.get(link)
+        time.sleep(3)  # time for a script to fetch the page and post the label, had it run
+        net.drain()
+        assert browser.title != "pwned"
+        assert [u for u in net.requests if "/ui/" in u] == [], net.requests  # the script never ran
+        labeled = http.get(f"/v1/pools/{pool}/items", params={"status": "labeled"}).json()["items"]
+        assert labeled == []  # nothing written as the signed-in user
+        # the same file opened through the dashboard's origin is never rendered there as a document either
+        assert "svg" not in (browser.execute_script("return document.contentType;") or "")
+    finally:
+        server.stop()

@@ -21,8 +21,18 @@ from service.web import session as web_session
 from tests.service.conftest import item_rows, make_pool, put_items
 
 
+def login_form_token(client: TestClient) -> str:
+    """The sign-in form's pre-session token (the page also sets it as the bait_login cookie)."""
+    page = client.get("/ui/login")
+    match = re.search(r'name="login_csrf" value="([^"]+)"', page.text)
+    assert match, page.text
+    return match.group(1)
+
+
 def _sign_in(client: TestClient, key: str) -> str:
-    r = client.post("/ui/login", data={"api_key": key}, follow_redirects=False)
+    r = client.post(
+        "/ui/login", data={"api_key": key, "login_csrf": login_form_token(client)}, follow_redirects=False
+    )
     assert r.status_code == 303 and r.headers["location"] == "/ui", r.text
     cookie = r.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
@@ -46,10 +56,13 @@ def test_pages_need_a_session_and_bad_keys_are_refused(client: TestClient, api_k
     r = client.get("/ui/pools/abc", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=/ui/pools/abc"
     assert client.get("/ui/pools/abc/curve.json").status_code == 401
-    r = client.post("/ui/login", data={"api_key": "bait_wrong"}, follow_redirects=False)
-    assert r.status_code == 401 and "invalid or revoked API key" in r.text and "set-cookie" not in r.headers
-    forged = web_session.encode(client.app.state.settings, {"k": "x", "t": "y", "c": "z", "iat": time.time()})  # type: ignore[attr-defined]
-    client.cookies.set("bait_session", forged[:-3] + "AAA", path="/ui")
+    r = client.post(
+        "/ui/login", data={"api_key": "bait_wrong", "login_csrf": login_form_token(client)}, follow_redirects=False
+    )
+    assert r.status_code == 401 and "invalid or revoked API key" in r.text
+    assert "bait_session" not in r.headers.get("set-cookie", "")
+    # a made-up session token opens nothing (the cookie names a server-side session, not a claim)
+    client.cookies.set("bait_session", "A" * 43, path="/ui")
     assert client.get("/ui", follow_redirects=False).status_code == 303
 
 
@@ -207,7 +220,8 @@ def test_dashboard_allows_a_key_only_what_its_scopes_allow(
         f"/ui/pools/{pool['id']}/batches", data={"size": "3", "strategy": "random", "csrf": csrf},
         follow_redirects=False,
     )  # fmt: skip
-    assert r.status_code == 303 and "err=" in r.headers["location"] and "select" in r.headers["location"]
+    # refused like the API refuses it (403 naming the missing scope), before anything is written
+    assert r.status_code == 403 and "lacks the `select` scope" in r.text
     assert client.get(f"/v1/pools/{pool['id']}/batches", headers=auth).json()["batches"] == []  # nothing created
     back = f"/ui/pools/{pool['id']}"
     r = client.post(
@@ -232,11 +246,12 @@ def test_pool_page_shows_the_integration_status_sync_and_unmatched_annotations(
             Integration(
                 pool_id=pool["id"], kind="labelstudio", url="http://127.0.0.1:8080", token_encrypted=b"x",
                 project_id=7, config={}, secret_hash="h" * 64, status="error", last_error="answered HTTP 401",
-                last_synced_at=datetime(2026, 11, 24, 10, 30, tzinfo=UTC), state={"unmatched_annotations": 3},
+                last_synced_at=datetime(2026, 11, 24, 10, 30, tzinfo=UTC), state={"unmatched_annotations": 3, "refused_hints": 5},
             )
         )  # fmt: skip
     _sign_in(client, api_key)
     page = client.get(f"/ui/pools/{pool['id']}").text
     card = page.split("<h2>Integrations</h2>", 1)[1].split("</section>", 1)[0]
     assert "http://127.0.0.1:8080 #7" in card and "answered HTTP 401" in card and "2026-11-24 10:30" in card
-    assert re.search(r'<td class="num">3</td></tr>', card), card  # the unmatched annotations
+    assert re.search(r'<td class="num">3</td>\s*<td class="num refused-hints">5</td></tr>', card), card
+    # ^ the unmatched annotations, then the unauthenticated events refused (issue 24)
