@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +16,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain import dashboard
 from service.store.models import ApiKey, Item
-from service.web import session as web_session
 from tests.service.conftest import item_rows, make_pool, put_items
 
 
@@ -246,7 +244,8 @@ def test_pool_page_shows_the_integration_status_sync_and_unmatched_annotations(
             Integration(
                 pool_id=pool["id"], kind="labelstudio", url="http://127.0.0.1:8080", token_encrypted=b"x",
                 project_id=7, config={}, secret_hash="h" * 64, status="error", last_error="answered HTTP 401",
-                last_synced_at=datetime(2026, 11, 24, 10, 30, tzinfo=UTC), state={"unmatched_annotations": 3, "refused_hints": 5},
+                last_synced_at=datetime(2026, 11, 24, 10, 30, tzinfo=UTC),
+                state={"unmatched_annotations": 3, "refused_hints": 5},
             )
         )  # fmt: skip
     _sign_in(client, api_key)
