@@ -6,8 +6,10 @@ TORCH     ?= torch==2.13.0
 PG_URL    ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0
 PYTEST    := OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link, anchor or nav entry is an error.
+MKDOCS    := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: install run demo test lint test-embedded test-pg test-labelstudio bench-smoke datasets clean
+.PHONY: install run demo docs docs-build test lint test-embedded test-pg test-labelstudio bench-smoke datasets clean
 
 $(BIN)/bait: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,7 +26,13 @@ run: install  ## embedded defaults: SQLite under ./data, in-process runner, CPU,
 demo: install  ## the whole loop on scikit-learn's digits against the service `make run` started (BAIT_API_KEY=...)
 	$(BIN)/bait demo
 
-lint: install
+docs: install  ## the documentation site at http://127.0.0.1:8001, rebuilt on every edit (offline)
+	$(MKDOCS) serve -a 127.0.0.1:8001
+
+docs-build: install  ## build the site strictly into ./site (git-ignored): what `make lint` and CI run
+	$(MKDOCS) build --strict --clean --site-dir site
+
+lint: install docs-build
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -50,4 +58,4 @@ bench-smoke: install
 	$(BIN)/python bench/selection_speed.py --smoke
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -17,7 +17,7 @@ ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Number = StrictFloat | StrictInt
 
 
-# Budgets of a pool's model head (checked at pool creation, documented in the README's "Input limits"):
+# Budgets of a pool's model head (checked at pool creation, documented in docs/security.md, "Input limits"):
 # a worker trains it and every round stores a checkpoint of it, so its size is bounded up front.
 MAX_CLASSES = 10_000
 MAX_OUTPUTS = 10_000

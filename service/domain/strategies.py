@@ -184,7 +184,7 @@ def defaults_doc() -> dict[str, Any]:
             "checked_on": "held-out half: sonar, ionosphere, fine-foods, fashion-mnist, boston, diamonds",
             "not_better_than_random_on": (
                 "sonar and diamonds (never reach random's final score by 80 labels); small binary text tasks "
-                "(ties random): see README, 'Where BAIT does not help'"
+                "(ties random): see docs/concepts/strategies.md, 'Where BAIT does not help'"
             ),
             "evidence": DEFAULTS_EVIDENCE,
         },
