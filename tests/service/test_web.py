@@ -28,9 +28,7 @@ def login_form_token(client: TestClient) -> str:
 
 
 def _sign_in(client: TestClient, key: str) -> str:
-    r = client.post(
-        "/ui/login", data={"api_key": key, "login_csrf": login_form_token(client)}, follow_redirects=False
-    )
+    r = client.post("/ui/login", data={"api_key": key, "login_csrf": login_form_token(client)}, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/ui", r.text
     cookie = r.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
