@@ -490,7 +490,7 @@ class Operations:
         return Call("POST", f"/v1/pools/{pool_id}/embed", parse=_model(EmbedJob), idempotent=True)
 
     def embed_job(self, pool_id: str, job_id: str | None = None) -> Call[EmbedJob]:
-        path = f"/v1/pools/{pool_id}/embed" + (f"/{job_id}" if job_id else "")
+        path = f"/v1/pools/{pool_id}/embed/{job_id}" if job_id else f"/v1/pools/{pool_id}/embed"
         return Call("GET", path, parse=_model(EmbedJob))
 
     def embed_jobs(self, pool_id: str, *, limit: int = 20) -> Call[list[EmbedJob]]:

@@ -151,7 +151,9 @@ def test_an_upload_cut_off_resumes_without_sending_stored_rows_again(kind: str, 
             assert err.value.total == n and isinstance(err.value.cause, ConnectionFailed)
             assert run(kind, live.url, live.key, lambda b: _count(b, pool_id)) == done
             proxy.seen.clear()
-            out = run(kind, proxy.url, live.key, lambda b: aw(b.upload(pool_id, X, ids=ids, start=done, progress=False)))
+            out = run(
+                kind, proxy.url, live.key, lambda b: aw(b.upload(pool_id, X, ids=ids, start=done, progress=False))
+            )
             resent = [i for s in proxy.seen if "items:bulk" in s.path for i in s.npz_ids()]
         assert out.created == n - done and resent == ids[done:]  # the stored rows were not sent again
         assert run(kind, live.url, live.key, lambda b: _count(b, pool_id)) == n
