@@ -120,7 +120,7 @@ def test_stateless_selection_answers_directly_or_through_its_job(kind: str, live
 @pytest.mark.parametrize("kind", KINDS)
 def test_webhooks_and_label_studio(kind: str, live_service: LiveFactory) -> None:
     async def scenario(bait: Any, ls: Any) -> None:
-        pool, batch, _ = await _pool_with_a_batch(bait)
+        pool, _, _ = await _pool_with_a_batch(bait)
         hook = await aw(bait.add_webhook(pool.id, "http://127.0.0.1:9/hook", events=["batch.succeeded"]))
         assert hook.secret and len(hook.secret) >= 16
         assert [w.id for w in await aw(bait.webhooks(pool.id))] == [hook.id]
