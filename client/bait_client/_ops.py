@@ -18,7 +18,15 @@ import numpy as np
 
 from bait_client import uploads
 from bait_client._core import Call, Emit, Sleep, Step
-from bait_client.errors import BaitError, BatchFailed, JobFailed, NotFound, PayloadTooLarge, UploadFailed
+from bait_client.errors import (
+    BaitError,
+    BatchFailed,
+    InsufficientScope,
+    JobFailed,
+    NotFound,
+    PayloadTooLarge,
+    UploadFailed,
+)
 from bait_client.models import (
     Batch,
     BatchPage,
@@ -93,7 +101,7 @@ class Operations:
         if self._limits is None:
             try:
                 self._limits = yield self.limits()
-            except NotFound:
+            except (NotFound, InsufficientScope):  # an older service, or a key without `read`
                 self._limits = DEFAULT_LIMITS
         assert self._limits is not None
         return self._limits

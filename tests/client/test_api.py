@@ -186,3 +186,20 @@ def test_errors_are_typed_and_carry_the_services_code_message_and_details(kind: 
         run(kind, live.url, reader, as_reader)
     assert err.value.status_code == 403 and err.value.details["required_scope"] == "select"
     assert isinstance(err.value, BaitError)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_label_only_key_labels_through_the_client(kind: str, live: Any, db: Any) -> None:
+    """An annotation tool's key cannot read the limits (`read` scope); the client then plans its requests
+    with the service's defaults instead of failing."""
+    with session_scope(db) as s:
+        labeler, _ = create_key(s, "acme", scopes=["label"])
+
+    async def setup(bait: Any) -> str:
+        pool = await aw(bait.create_pool(f"lab-{uuid.uuid4().hex[:6]}", classes=["a", "b"], embedding_dim=2))
+        await aw(bait.add_items(pool.id, [{"id": f"i{i}", "embedding": [float(i), 1.0]} for i in range(4)]))
+        return str(pool.id)
+
+    pool_id = run(kind, live.url, live.key, setup)
+    out = run(kind, live.url, labeler, lambda bait: aw(bait.label(pool_id, {"i0": "a", "i1": "b"})))
+    assert out.labeled == 2
