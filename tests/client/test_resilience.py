@@ -227,3 +227,27 @@ def test_a_postgres_restart_mid_loop_is_ridden_out(
             worker.stop()
     assert restarted.wait(60)
     assert 503 in statuses, "the loop never met the outage: the test proves nothing"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_upload_planned_above_the_real_limit_is_halved_until_it_fits(kind: str, live_service: LiveFactory) -> None:
+    """A client that believes the limit is higher than it is (an operator lowered it since) meets 413s;
+    it halves the refused chunk until the service takes it, and every row lands."""
+    n, d = 1500, 16
+    X, ids, _ = blobs(n, d)
+    requests: list[tuple[str, str]] = []
+    statuses: list[int] = []
+
+    async def scenario(bait: Any) -> Any:
+        bait._ops._limits = (await aw(bait.limits())).model_copy(
+            update={"max_upload_bytes": 2**30, "max_upload_inflated_bytes": 2**30}
+        )
+        pool = await aw(bait.create_pool(f"halve-{uuid.uuid4().hex[:6]}", classes=["a", "b"], embedding_dim=d))
+        out = await aw(bait.upload(pool.id, X, ids=ids, progress=False))
+        stored = await collect(bait.items(pool.id))
+        return out, [it.id for it in stored]
+
+    with live_service(max_upload_bytes=SMALL_LIMIT, max_upload_inflated_bytes=SMALL_LIMIT) as live:
+        out, stored = run(kind, live.url, live.key, scenario, requests=requests, statuses=statuses)
+    assert out.created == n and stored == ids
+    assert 413 in statuses and sum(p.endswith("items:bulk") for _, p in requests) > 2
