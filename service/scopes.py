@@ -63,6 +63,8 @@ ROUTE_SCOPES: dict[str, str] = {
     "service.api.checkpoints:predictions": SELECT,
     # stateless selection
     "service.api.select:list_strategies": READ,
+    # the operator's limits (what a client chunks uploads under)
+    "service.api.limits:get_limits": READ,
     "service.api.select:get_select": READ,
     "service.api.select:select": SELECT,
     # embed jobs (run the pool's encoder)
@@ -87,6 +89,7 @@ ROUTE_SCOPES: dict[str, str] = {
     "service.api.integrations:delete_integration": ADMIN,
     "service.api.integrations:reconcile": ADMIN,
     "service.api.integrations:get_reconcile": ADMIN,
+    "service.api.integrations:list_reconciles": ADMIN,
     "service.api.integrations:rotate_secret": ADMIN,
     # the dashboard (/ui): each page needs the scope of the API route that serves the same data
     "service.web.routes:pools_page": READ,  # GET /v1/pools

@@ -8,9 +8,9 @@ the secret). The API token is stored encrypted and never returned.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas import RequestModel
@@ -141,6 +141,10 @@ class ReconcileOut(BaseModel):
     finished_at: datetime | None
 
 
+class ReconcileList(BaseModel):
+    reconciles: list[ReconcileOut]
+
+
 def queue_of(request: Request) -> JobQueue:
     q: JobQueue = request.app.state.queue
     return q
@@ -225,6 +229,21 @@ def reconcile(
     run = domain.request_reconcile(session, queue_of(request), row)
     response.headers["Location"] = f"/v1/pools/{pool}/integrations/{integration_id}/reconciles/{run.id}"
     return ReconcileOut(**domain.reconcile_view(run))
+
+
+@router.get("/{integration_id}/reconciles", response_model=ReconcileList, responses=ERROR_RESPONSES)
+def list_reconciles(
+    pool: str,
+    integration_id: str,
+    session: SessionDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> ReconcileList:
+    """The integration's reconciles, newest first (by the API, at connect, by webhooks and by batches)."""
+    row = domain.get_integration(session, tenant.id, pool, integration_id)
+    return ReconcileList(
+        reconciles=[ReconcileOut(**domain.reconcile_view(r)) for r in domain.list_reconciles(session, row, limit)]
+    )
 
 
 @router.get("/{integration_id}/reconciles/{run_id}", response_model=ReconcileOut, responses=ERROR_RESPONSES)

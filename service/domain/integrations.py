@@ -267,6 +267,10 @@ def get_reconcile(session: Session, integration: Integration, run_id: str) -> Re
     return run
 
 
+def list_reconciles(session: Session, integration: Integration, limit: int) -> list[ReconcileRun]:
+    return repo.list_reconciles(session, integration.id, limit)
+
+
 def reconcile_view(run: ReconcileRun) -> dict[str, Any]:
     return {
         "id": run.id,

@@ -109,6 +109,12 @@ def get_reconcile(session: Session, integration_id: str, run_id: str) -> Reconci
     return session.execute(stmt).scalar_one_or_none()
 
 
+def list_reconciles(session: Session, integration_id: str, limit: int) -> list[ReconcileRun]:
+    """The integration's reconcile runs, newest first."""
+    stmt = select(ReconcileRun).where(ReconcileRun.integration_id == integration_id)
+    return list(session.execute(stmt.order_by(ReconcileRun.created_at.desc()).limit(limit)).scalars())
+
+
 def seen_event(session: Session, integration_id: str, annotation_id: int, updated_at: str, now: datetime) -> bool:
     """Record an annotation event; True when it was recorded before (a duplicate)."""
     try:
