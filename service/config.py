@@ -82,7 +82,10 @@ class Settings(BaseSettings):
         "with the sweep interval this bounds recovery: a dead worker's batch is re-queued within stale + sweep",
     )
     sweep_interval_seconds: float = Field(
-        default=5.0, gt=0, description="how often each worker looks for dead jobs (re-queues or fails them)"
+        default=5.0,
+        gt=0,
+        description="how often each worker (the api process, with the in-process runner) looks for dead or lost jobs "
+        "(re-queues or fails them)",
     )
     print_bootstrap_key: bool = Field(
         default=True, description="embedded mode: mint and print an API key on first start if none exists"

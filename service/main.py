@@ -18,7 +18,7 @@ from service.api import select as select_api
 from service.config import Settings, get_settings
 from service.crypto import check_secret_key
 from service.db import make_engine, make_sessionmaker
-from service.domain.jobs import recover_jobs
+from service.domain.jobs import RecoveryTicker, recover_jobs
 from service.domain.webhooks import SweepTicker
 from service.errors import install_error_handlers
 from service.headers import SecurityHeaders
@@ -56,12 +56,17 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
         ticker = SweepTicker(queue, settings.webhook_sweep_seconds)  # retries of outgoing webhooks
         ticker.start()
         app.state.queue = queue
+        recovery: RecoveryTicker | None = None
         if queue.mode == "inprocess":
             # Jobs left queued or running in the database belonged to a process that is gone.
             recover_jobs(factory, queue, settings, assume_dead=True)
+            recovery = RecoveryTicker(factory, queue, settings)  # and jobs that meet a database outage later
+            recovery.start()
         try:
             yield
         finally:
+            if recovery is not None:
+                recovery.stop()
             ticker.stop()
             queue.stop()
             engine.dispose()

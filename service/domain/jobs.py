@@ -6,14 +6,16 @@ are committed in one transaction at its end. It is put back to ``queued`` and su
 has attempts left, else marked ``failed`` (and its reservations, if any, released).
 
 Who calls it: the in-process runner at app start with ``assume_dead=True`` (any queued or running job
-in the database belonged to a previous process); RQ workers at start and every
-``sweep_interval_seconds``, where a queued job unknown to Redis (lost with Redis, or never submitted
-because Redis was down at commit time) is also submitted again.
+in the database belonged to a previous process), then every ``sweep_interval_seconds``
+(:class:`RecoveryTicker`: a job whose start or end met a database outage is picked up again); RQ
+workers at start and every ``sweep_interval_seconds``, where a queued job unknown to Redis (lost with
+Redis, or never submitted because Redis was down at commit time) is also submitted again.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -81,3 +83,32 @@ def _recover_select_jobs(
                 job.finished_at = now
                 job.arrays = None
                 report.failed.append(job.id)
+
+
+class RecoveryTicker:
+    """:func:`recover_jobs` every ``sweep_interval_seconds`` from a daemon thread of the api process, for
+    the in-process runner (RQ workers run their own sweep). A job that met a database outage as it
+    started (its row still ``queued``, no longer waiting in the runner) or while it ran (a stale
+    heartbeat) is submitted again once the database is back, instead of waiting for a restart."""
+
+    def __init__(self, factory: sessionmaker[Session], queue: JobQueue, settings: Settings) -> None:
+        self.factory = factory
+        self.queue = queue
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bait-job-recovery", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.sweep_interval_seconds):
+            try:
+                recover_jobs(self.factory, self.queue, self.settings, assume_dead=False)
+            except Exception:  # the database may still be down: try again next tick
+                log.warning("job recovery sweep failed; retrying in %.0f s", self.settings.sweep_interval_seconds)
