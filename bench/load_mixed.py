@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.service_throughput import REPO, machine, mint_key, scratch_database, wait_healthy
+from bench.service_harness import REPO, machine, mint_key, scratch_database, wait_healthy
 
 OPS = ("GET pool", "GET items", "PUT 100 labels", "GET batch")
 CLASSES = [f"c{i}" for i in range(10)]

@@ -31,6 +31,12 @@ CHILD_MODULE = "worker.encoder_child"
 START_TIMEOUT_SECONDS = 120.0  # import torch and load the module
 
 
+class EncoderError(Exception):
+    """The encoder itself cannot run (missing package, unloadable module, wrong output shape): every item
+    would fail alike, so the job fails with this message. (Defined here, below :mod:`worker.encoders`,
+    which re-exports it: the child process raises it too.)"""
+
+
 class EncoderLimitExceeded(Exception):
     """The encoder ran past its time limit or died (memory limit, crash) on a batch: the batch's items
     fail with this message; they are not retried one by one (each would hit the same limit)."""
@@ -82,8 +88,6 @@ class EncoderProcess:
         status, payload = self._read_reply(max(START_TIMEOUT_SECONDS, self.timeout), "load")
         if status != OK:
             self.close()
-            from worker.encoders import EncoderError
-
             raise EncoderError(payload.decode("utf-8", "replace"))
 
     def close(self) -> None:
@@ -137,8 +141,6 @@ class EncoderProcess:
             if self.memory_bytes and "allocate memory" in message:
                 message += f" (memory limit {self.memory_bytes} bytes, BAIT_ENCODER_MEMORY_BYTES)"
             raise EncoderInputError(message)
-        from worker.encoders import EncoderError
-
         assert status == ENCODER_ERROR
         raise EncoderError(message)
 

@@ -1,7 +1,7 @@
 """Label Studio jobs: push a batch's items as tasks, reconcile annotations back into labels, apply one
 annotation webhook, and the auto-batching policy.
 
-A batch job of a pool with integrations runs (see :mod:`worker.jobs`): :func:`before_batch` (reconcile
+A batch job of a pool with integrations runs (see :mod:`worker.batch`): :func:`before_batch` (reconcile
 every project, bounded in time, so selection sees every label), then train/select/store, then
 :func:`deliver` (push), then ``succeeded`` and the outgoing webhook.
 
@@ -18,8 +18,8 @@ every project, bounded in time, so selection sees every label), then train/selec
 - :func:`apply_annotation`: an ``ANNOTATION_CREATED``/``UPDATED`` webhook (once per annotation id and
   updated time); an unauthenticated hint is read back from Label Studio first.
 - :func:`train_requested` / :func:`evaluate_policy`: ``START_TRAINING`` marks a train request; a batch is
-  created when the integration's ``auto_batch`` policy allows it (never while one is queued or running),
-  checked again whenever a label arrives from Label Studio while a request is pending.
+  created when the integration's ``auto_batch`` policy (:mod:`service.domain.autobatch`) allows it, and
+  submitted through the runner's queue; asked again whenever a label arrives from Label Studio.
 
 Failures (unreachable, token rejected, mapping that no longer fits) are written to the integration
 (``status: error``, ``last_error``) and, for an import, to the batch (``error`` and
@@ -34,12 +34,11 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import crypto
 from service.db import session_scope
-from service.domain import content
+from service.domain import autobatch, content
 from service.domain.labels import LabelWrite, delete_label, put_labels
 from service.errors import ServiceError
 from service.labelstudio import (
@@ -63,6 +62,7 @@ from service.store import batches as batches_repo
 from service.store import integrations as repo
 from service.store.models import Batch, Integration, Pool, ReconcileRun
 from worker import context
+from worker.predict import predict
 
 log = logging.getLogger(__name__)
 
@@ -141,21 +141,6 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, LabelStudioError | crypto.SecretKeyError | ServiceError):
         return str(exc)
     return f"internal error: {type(exc).__name__}: {exc}"
-
-
-def _state_update(s: Session, integration_id: str, **changes: Any) -> dict[str, Any] | None:
-    """Merge ``changes`` into the integration's state under its lock (None values delete a key)."""
-    row = repo.lock_integration(s, integration_id)
-    if row is None:
-        return None
-    state = dict(row.state or {})
-    for k, v in changes.items():
-        if v is None:
-            state.pop(k, None)
-        else:
-            state[k] = v
-    row.state = state
-    return state
 
 
 # --------------------------------------------------------------------------------------------------
@@ -355,15 +340,13 @@ def _update_view(factory: sessionmaker[Session], conn: _Conn, ls: LabelStudioCli
         new_id = ls.save_view(conn.project_id, None, data)  # the user deleted it: make it again
     if new_id != view_id:
         with session_scope(factory) as s:
-            _state_update(s, conn.id, view_id=new_id)
+            repo.update_state(s, conn.id, view_id=new_id)
     return new_id
 
 
 def _predictions(conn: _Conn, ext_ids: list[str]) -> dict[str, dict[str, Any]]:
     if not ext_ids:
         return {}
-    from worker.jobs import predict
-
     out = predict(conn.pool_id, ext_ids)
     version = str(out["checkpoint_id"])
     return {p["item_id"]: {**p, "model_version": version} for p in out["predictions"]}
@@ -517,7 +500,7 @@ def reconcile(integration_id: str, deadline: float | None = None, raise_errors: 
                 counts["written"] += 1
             adoption = {k: counts[k] for k in ("adopted", "unknown", "ambiguous")}
             adoption["linked"] = len(links)
-            _state_update(s, integration_id, adoption=adoption, unmatched_annotations=counts["unmatched"])
+            repo.update_state(s, integration_id, adoption=adoption, unmatched_annotations=counts["unmatched"])
             repo.prune_events(s, integration_id, utcnow() - EVENT_MEMORY)
     except Exception as exc:
         message = _describe(exc)
@@ -612,7 +595,7 @@ def apply_annotation(integration_id: str, event: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# Auto-batching policy
+# Auto-batching: the policy is the domain's (service.domain.autobatch); the worker only asks it
 # --------------------------------------------------------------------------------------------------
 
 
@@ -620,94 +603,17 @@ def train_requested(integration_id: str) -> str | None:
     """``START_TRAINING``: note the request, then create a batch if the policy allows it now."""
     env = context.env()
     with session_scope(env.sessionmaker) as s:
-        if _state_update(s, integration_id, train_requested_at=utcnow().isoformat()) is None:
+        if not autobatch.request_training(s, integration_id, utcnow()):
             return None
     return evaluate_policy(integration_id)
 
 
-def _policy_allows(s: Session, integration: Integration, policy: dict[str, Any], now: datetime) -> str | None:
-    """Why a new batch may not be created now (None: it may)."""
-    if repo.active_batches(s, integration.pool_id):
-        return "a batch of the pool is queued or running"
-    last = repo.latest_linked_batch(s, integration.id)
-    if last is None:
-        return None
-    if policy["when"] == "batch_done":
-        left = repo.open_items_of_batch(s, last, now)
-        return f"{left} item(s) of batch {last.id} are not labeled yet" if left else None
-    n = repo.labels_since(s, integration.pool_id, last.created_at)
-    return f"{n} of {policy['n']} labels since batch {last.id}" if n < int(policy["n"]) else None
-
-
 def evaluate_policy(integration_id: str) -> str | None:
-    """Create (and run here) the next batch when a train request is pending and the integration's
-    ``auto_batch`` policy allows it; returns the batch id (None: no batch now)."""
+    """Create the next batch when a train request is pending and the integration's ``auto_batch`` policy
+    allows it (:func:`service.domain.autobatch.evaluate`); its job goes to this runner's queue once the
+    batch row is committed. Returns the batch id (None: no batch now)."""
     env = context.env()
-    factory = env.sessionmaker
-    from service.domain import batches as batches_domain
-    from service.domain.integrations import effective_auto_batch
-
-    batch_id: str | None = None
-    with session_scope(factory) as s:
-        integration = repo.get_integration_by_id(s, integration_id)
-        if integration is None or not (integration.state or {}).get("train_requested_at"):
+    with session_scope(env.sessionmaker) as s:
+        if not autobatch.train_pending(s, integration_id):
             return None
-        integration = repo.lock_integration(s, integration_id)
-        assert integration is not None
-        if not (integration.state or {}).get("train_requested_at"):
-            return None
-        config = IntegrationConfig.from_dict(integration.config or {})
-        try:
-            policy = effective_auto_batch(config)
-        except ServiceError:
-            policy = {"size": config.batch_size, "when": "batch_done", "n": config.batch_size}
-        now = utcnow()
-        pool = s.get(Pool, integration.pool_id)
-        assert pool is not None
-        # one auto-batch decision at a time per pool (the integration row is locked too)
-        s.execute(select(Pool.id).where(Pool.id == pool.id).with_for_update())
-        reason = _policy_allows(s, integration, policy, now)
-        if reason is not None:
-            log.info("integration %s: no new batch yet (%s)", integration_id, reason)
-            return None
-        size = min(int(policy["size"]), batches_repo.count_available(s, pool.id, now))
-        state = dict(integration.state or {})
-        state.pop("train_requested_at", None)
-        if size < 1:
-            integration.state = state
-            return None
-        try:
-            batch = batches_domain.new_batch_row(
-                s, pool, batches_domain.BatchRequest(size=size, strategy=config.strategy, params={}), now
-            )
-        except ServiceError as exc:
-            integration.state = state
-            integration.status = "error"
-            integration.last_error = f"START_TRAINING: could not request a batch: {exc.message}"
-            return None
-        state["last_auto_batch"] = batch.id
-        integration.state = state
-        batch_id = batch.id
-    log.info("integration %s: auto batch %s (%s)", integration_id, batch_id, policy)
-    _submit_batch(batch_id)
-    return batch_id
-
-
-def _submit_batch(batch_id: str) -> None:
-    """Run a batch this job created: on Redis, as its own RQ job (any worker takes it); with the
-    in-process runner, here and now (jobs run one after another there anyway)."""
-    settings = context.env().settings
-    if settings.redis_url:
-        from service.queue import RQQueue
-
-        queue = RQQueue(settings)
-        try:
-            queue.enqueue("worker.jobs.run_batch", batch_id, batch_id=batch_id)
-            return
-        except Exception:
-            log.exception("could not submit batch %s to Redis; running it here", batch_id)
-        finally:
-            queue.stop()
-    from worker.jobs import run_batch
-
-    run_batch(batch_id)
+        return autobatch.evaluate(s, context.queue(), integration_id, utcnow())

@@ -14,7 +14,7 @@ from service.queue import JobFailed, JobQueue, JobTimeout
 from service.store import batches as store
 from service.store.models import new_id
 
-PREDICT = "worker.jobs.predict"
+PREDICT = "worker.predict.predict"
 
 
 def list_checkpoints(session: Session, tenant_id: str, pool_id: str, *, limit: int) -> list[dict[str, Any]]:

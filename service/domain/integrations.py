@@ -14,7 +14,7 @@ created/updated events become a ``worker.labelstudio.apply_annotation`` job (app
 id and updated time; an unauthenticated event is a hint read back from Label Studio), deletions a
 reconcile run (``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
 ``START_TRAINING`` a ``worker.labelstudio.train_requested`` job: the integration's ``auto_batch`` policy
-decides whether and when it becomes a batch.
+(:mod:`service.domain.autobatch`) decides whether and when it becomes a batch.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from service import crypto
 from service import labelstudio as lsmod
 from service.config import Settings
+from service.domain.autobatch import effective_auto_batch
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound, ServiceError, Unauthorized
 from service.labelstudio import IntegrationConfig, LabelStudioClient, LabelStudioError, Mapping, resolve_mapping
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 RECONCILE = "worker.labelstudio.run_reconcile"
 TRAIN_REQUESTED = "worker.labelstudio.train_requested"
 APPLY_ANNOTATION = "worker.labelstudio.apply_annotation"
-PREDICT = "worker.jobs.predict"
+PREDICT = "worker.predict.predict"
 ANNOTATION_EVENTS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
 DELETE_EVENTS = ("ANNOTATION_DELETED", "ANNOTATIONS_DELETED")
 
@@ -82,9 +83,6 @@ class ConnectRequest:
     config: IntegrationConfig
     verify: bool = True
     public_base: str | None = None  # this service's URL as Label Studio reaches it (for content links)
-
-
-AUTO_BATCH_WHEN = ("batch_done", "every_n_labels")
 
 
 def check_project(
@@ -132,27 +130,6 @@ def check_config(config: IntegrationConfig) -> dict[str, Any]:
     if clash:
         raise BadRequest(f"data_map: {clash} is reserved (our item id, batch id and rank go there)")
     return effective_auto_batch(config)
-
-
-def effective_auto_batch(config: IntegrationConfig) -> dict[str, Any]:
-    """``auto_batch`` with its defaults: ``{"size": batch_size, "when": "batch_done", "n": size}``.
-
-    Raises:
-        BadRequest: an unknown key, a size or n below 1, or an unknown ``when``.
-    """
-    given = dict(config.auto_batch or {})
-    unknown = sorted(set(given) - {"size", "when", "n"})
-    if unknown:
-        raise BadRequest(f"auto_batch: unknown key(s) {unknown}; it takes size, when and n")
-    size = given.get("size", config.batch_size)
-    when = given.get("when", "batch_done")
-    n = given.get("n", size)
-    if when not in AUTO_BATCH_WHEN:
-        raise BadRequest(f"auto_batch.when must be one of {list(AUTO_BATCH_WHEN)}, got {when!r}")
-    for name, v in (("size", size), ("n", n)):
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
-            raise BadRequest(f"auto_batch.{name} must be an integer from 1 to 1000000, got {v!r}")
-    return {"size": size, "when": when, "n": n}
 
 
 def connect_labelstudio(

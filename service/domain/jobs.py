@@ -28,8 +28,8 @@ from service.store import batches as store
 
 log = logging.getLogger(__name__)
 
-RUN_BATCH = "worker.jobs.run_batch"
-RUN_SELECT = "worker.jobs.run_select"
+RUN_BATCH = "worker.batch.run_batch"
+RUN_SELECT = "worker.select_job.run_select"
 
 
 def _release(session: Session, batch: Any, now: datetime) -> None:

@@ -58,6 +58,22 @@ def lock_integration(session: Session, integration_id: str) -> Integration | Non
     return get_integration_by_id(session, integration_id, for_update=True)
 
 
+def update_state(session: Session, integration_id: str, **changes: Any) -> dict[str, Any] | None:
+    """Merge ``changes`` into the integration's state under its lock (None values delete a key); returns
+    the new state (None: no such integration)."""
+    row = lock_integration(session, integration_id)
+    if row is None:
+        return None
+    state = dict(row.state or {})
+    for k, v in changes.items():
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+    row.state = state
+    return state
+
+
 def data_keys(session: Session, pool_id: str, sample: int = 1000) -> set[str]:
     """The keys of item data in the pool (from up to ``sample`` items that carry data)."""
     rows = session.execute(

@@ -1,42 +1,33 @@
-"""Job functions: where the database meets the numerics.
+"""The batch job: where the database meets the numerics.
 
-Each job takes ids (JSON), opens its own short transactions, and runs the same way under the
-in-process runner and under RQ:
+:func:`run_batch` loads the pool, trains a head on the labeled items, embeds the pool, selects, then
+reserves the chosen items and writes the result in one transaction. A pool connected to an annotation
+platform reconciles its projects first and pushes the batch before it is marked ``succeeded``.
 
-- :func:`run_batch`: load the pool, train a head on the labeled items, embed the pool, select, then
-  reserve the chosen items and write the result in one transaction. A pool connected to Label Studio
-  reconciles its projects first and pushes the batch before it is marked ``succeeded``.
-- :func:`run_select`: the stateless ``POST /v1/select`` job.
-- :func:`predict`: class probabilities (or targets) of some items from the pool's latest checkpoint.
-
-A batch job moves ``queued -> running`` with one conditional UPDATE (so a duplicate delivery is a
-no-op), refreshes a heartbeat from a side thread while it runs, and checks for cancellation at every
-progress write. Every write of a running attempt is conditioned on ``status = 'running'`` and its
-attempt number, so a worker presumed dead that wakes up again can never write over a newer attempt.
+A batch job moves ``queued -> running`` with one conditional UPDATE (:func:`worker.runtime.start_job`,
+so a duplicate delivery is a no-op), refreshes a heartbeat from a side thread while it runs, and checks
+for cancellation at every progress write (:class:`worker.runtime.Tracker`).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
 import traceback
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
-import torch
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 import selection
-from selection.errors import SelectionError
-from selection.heads import HeadConfig, TrainedHead, load_checkpoint, save_checkpoint, train_head
+from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.domain import coldstart
@@ -44,121 +35,18 @@ from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
-from worker import context, pool_cache, quality, threads
-from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
+from worker import context, labelstudio, pool_cache, quality, threads, webhooks
+from worker.pool_data import PoolArrays, current_design, load_pool
+from worker.runtime import Stopped, Tracker, describe_error, jsonable, resolve_device, start_job, utcnow
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-PROGRESS_EVERY_S = 0.5  # at most this often a progress write
 RESERVE_ATTEMPTS = 4  # selections tried when concurrent batches keep taking chosen items (SQLite, several processes)
 LOCK_POLL_S = 0.2  # a batch waiting for its pool's selection lock checks for cancellation this often
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def configure(settings: Any) -> None:
-    """Runner start hook: importing this module loads the numerics; then point jobs at ``settings`` and warm
-    up head training (once per process, unless ``BAIT_WARM_UP=false``)."""
-    context.configure(settings)
-    if settings.warm_up:
-        threads.warm_up(settings.job_threads)
-
-
-def resolve_device(setting: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is present, else ``cpu``."""
-    if setting == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return setting
-
-
-class Stopped(Exception):
-    """The batch is no longer this attempt's to run (cancelled, taken over, or deleted)."""
-
-
 class ReservationConflict(Exception):
     """A concurrent batch reserved some of the chosen items first."""
-
-
-def describe_error(exc: BaseException) -> str:
-    """Selection and data errors verbatim (they are written for users); others with their type."""
-    if isinstance(exc, SelectionError | PoolDataError):
-        return str(exc)
-    return f"internal error: {type(exc).__name__}: {exc}"
-
-
-# --------------------------------------------------------------------------------------------------
-# Progress, heartbeat and cancellation of a running batch
-# --------------------------------------------------------------------------------------------------
-
-
-class Tracker:
-    """Throttled progress writes and a heartbeat thread for one attempt of one batch."""
-
-    def __init__(self, factory: sessionmaker[Session], batch_id: str, attempt: int, heartbeat_s: float) -> None:
-        self.factory = factory
-        self.batch_id = batch_id
-        self.attempt = attempt
-        self.heartbeat_s = heartbeat_s
-        self.stage_name = "load"
-        self._last_write = 0.0
-        self._stopped = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{batch_id}", daemon=True)
-
-    def __enter__(self) -> Tracker:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join(5)
-
-    def _beat(self) -> None:
-        while not self._done.wait(self.heartbeat_s):
-            try:
-                with session_scope(self.factory) as s:
-                    if not self._touch(s, None):
-                        self._stopped.set()
-                        return
-            except Exception:  # a missed heartbeat is not fatal; the next one may pass
-                log.warning("heartbeat of batch %s failed", self.batch_id, exc_info=True)
-
-    def _touch(self, s: Session, progress: tuple[str, int, int] | None) -> bool:
-        """Heartbeat (and progress) of this attempt; False when the job is no longer its to run.
-        Subclasses track other job tables (:class:`worker.embed.EmbedTracker`)."""
-        return store.touch_batch(s, self.batch_id, self.attempt, utcnow(), progress)
-
-    def check(self) -> None:
-        if self._stopped.is_set():
-            raise Stopped(self.batch_id)
-
-    def write(self, done: int, total: int) -> None:
-        """Write progress now; raise :class:`Stopped` if the batch was cancelled or taken over."""
-        self.check()
-        with session_scope(self.factory) as s:
-            ok = self._touch(s, (self.stage_name, int(done), int(total)))
-        self._last_write = time.monotonic()
-        if not ok:
-            self._stopped.set()
-            raise Stopped(self.batch_id)
-
-    def stage(self, name: str, done: int = 0, total: int = 0) -> None:
-        self.stage_name = name
-        self.write(done, total)
-
-    def callback(self, done: int, total: int) -> None:
-        """Progress callback for the numerics: throttled, and a cancellation point."""
-        self.check()
-        if time.monotonic() - self._last_write >= PROGRESS_EVERY_S or (total and done >= total):
-            self.write(done, total)
-
-
-# --------------------------------------------------------------------------------------------------
-# Batch job
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -186,29 +74,6 @@ def head_config(pool: Pool) -> HeadConfig:
     return HeadConfig.from_dict(
         {"input_dim": int(pool.embedding_dim), "n_outputs": int(pool.n_outputs), "task": pool.task, **extra}
     )
-
-
-def start_job(
-    factory: sessionmaker[Session],
-    what: str,
-    job_id: str,
-    start: Callable[[Session, str, datetime], int | None],
-    get: Callable[[Session, str], Any],
-    read: Callable[[Any, int, datetime], T],
-) -> T | None:
-    """The prologue of every job with attempts: move the row ``queued -> running`` with one conditional
-    UPDATE (so a duplicate delivery is a no-op) and ``read(row, attempt, now)`` what the job needs in the
-    same transaction. None when there is nothing to run; LookupError when the row is gone."""
-    with session_scope(factory) as s:
-        now = utcnow()
-        attempt = start(s, job_id, now)
-        row = get(s, job_id)
-        if row is None:
-            raise LookupError(f"{what} {job_id} does not exist (its pool was deleted?); nothing to run")
-        if attempt is None:
-            log.info("%s %s is %s, not queued: nothing to run", what, job_id, row.status)
-            return None
-        return read(row, attempt, now)
 
 
 def _batch_spec(batch: Batch, attempt: int, now: datetime) -> _BatchSpec:
@@ -256,8 +121,6 @@ def run_batch(batch_id: str) -> None:
 def _after_batch(batch_id: str) -> None:
     """Once the batch's outcome is committed: outgoing webhooks (a connected pool's batch was pushed to
     Label Studio before it succeeded). Their failures are recorded on the deliveries, never on the run."""
-    from worker import webhooks
-
     try:
         webhooks.batch_finished(batch_id)
     except Exception:
@@ -271,8 +134,6 @@ def _after_batch(batch_id: str) -> None:
 
 def _labelstudio_before(spec: _BatchSpec, tracker: Tracker) -> list[str]:
     """Reconcile the pool's Label Studio projects first (bounded), so selection sees every label."""
-    from worker import labelstudio
-
     with session_scope(tracker.factory) as s:
         if not labelstudio.has_integrations(s, spec.pool_id):
             return []
@@ -285,8 +146,6 @@ def _labelstudio_before(spec: _BatchSpec, tracker: Tracker) -> list[str]:
 
 def _hold_for_delivery(s: Session, pool_id: str) -> dict[str, Any]:
     """Fields that keep a stored batch ``running`` (stage ``push``) until Label Studio has it."""
-    from worker import labelstudio
-
     if not labelstudio.has_integrations(s, pool_id):
         return {}
     return {"status": "running", "progress_stage": "push", "finished_at": None}
@@ -295,8 +154,6 @@ def _hold_for_delivery(s: Session, pool_id: str) -> dict[str, Any]:
 def _labelstudio_deliver(spec: _BatchSpec, factory: sessionmaker[Session], warnings: list[str]) -> None:
     """Push a stored batch into the pool's Label Studio projects, then mark it ``succeeded``
     (a failed push leaves it succeeded with ``delivery: failed``, see the retry endpoint)."""
-    from worker import labelstudio
-
     with session_scope(factory) as s:
         batch = store.get_batch_by_id(s, spec.batch_id)
         if batch is None or batch.status != "running" or batch.progress_stage != "push":
@@ -533,7 +390,7 @@ def _store_batch(
             n_labels=int(data.labeled.shape[0]),
             config=trained.config.to_dict(),
             metrics=dict(trained.metrics),
-            validation_metrics=None if assessed is None else _jsonable(assessed.validation),
+            validation_metrics=None if assessed is None else jsonable(assessed.validation),
             weights=weights,
             created_at=now,
         )
@@ -547,7 +404,7 @@ def _store_batch(
     finished = {
         "item_ids": [data.external_ids[int(r)] for r in rows],
         "objective": result.objective,
-        "diagnostics": _jsonable(
+        "diagnostics": jsonable(
             {
                 # which strategy ran (a cold start replaces a model-based one: see service.domain.coldstart)
                 **(chosen or {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None}),
@@ -581,142 +438,3 @@ def _store_batch(
         written = finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded")
     if not written:
         raise Stopped(spec.batch_id)  # cancelled meanwhile: the reservation and checkpoint roll back
-
-
-def _jsonable(value: Any) -> Any:
-    """Diagnostics as JSON primitives (numpy scalars, tuples and non-finite floats converted)."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return _jsonable(value.item())
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
-
-
-# --------------------------------------------------------------------------------------------------
-# Stateless select job
-# --------------------------------------------------------------------------------------------------
-
-
-def run_select(job_id: str) -> None:
-    """Run a ``POST /v1/select`` job: arrays from the job row, indices back into it."""
-    env = context.env()
-    factory = env.sessionmaker
-    started = start_job(
-        factory,
-        "select job",
-        job_id,
-        store.start_select_job,
-        lambda s, jid: store.get_select_job(s, None, jid),
-        lambda job, attempt, _now: (attempt, dict(job.request), job.arrays or b"", job.strategy),
-    )
-    if started is None:
-        return
-    attempt, request, blob, strategy = started
-    last = [0.0]
-
-    def progress(done: int, total: int) -> None:
-        if time.monotonic() - last[0] >= PROGRESS_EVERY_S:
-            last[0] = time.monotonic()
-            with session_scope(factory) as s:
-                store.select_job_progress(s, job_id, attempt, done, total)
-
-    try:
-        with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-        params = dict(request.get("params") or {})
-        seed = params.pop("seed", 0)
-        result = selection.select(
-            strategy,
-            embeddings=arrays["embeddings"],
-            probs=arrays.get("probs"),
-            labeled=arrays.get("labeled"),
-            reserved=arrays.get("reserved"),
-            batch_size=int(request["batch_size"]),
-            task=request.get("task", "classification"),
-            seed=int(seed or 0),
-            device=resolve_device(env.settings.device),
-            progress=progress,
-            **params,
-        )
-        outcome: dict[str, Any] = {
-            "status": "succeeded",
-            "result": _jsonable(
-                {"indices": result.indices.tolist(), "objective": result.objective, "diagnostics": result.diagnostics}
-            ),
-            "error": None,
-        }
-    except Exception as exc:
-        if not isinstance(exc, SelectionError):
-            log.error("select job %s failed:\n%s", job_id, traceback.format_exc())
-        outcome = {"status": "failed", "result": {"error_type": type(exc).__name__}, "error": describe_error(exc)}
-    with session_scope(factory) as s:
-        job = store.get_select_job(s, None, job_id, for_update=True)
-        if job is None or job.status != "running" or job.attempts != attempt:
-            return
-        job.status = outcome["status"]
-        job.result = outcome["result"]
-        job.error = outcome["error"]
-        job.finished_at = utcnow()
-        job.arrays = None  # the inputs are not kept once answered
-        if outcome["status"] == "succeeded":
-            job.progress_done = job.progress_total = int(request["batch_size"])
-
-
-# --------------------------------------------------------------------------------------------------
-# Predictions
-# --------------------------------------------------------------------------------------------------
-
-
-def predict(pool_id: str, item_ids: list[str]) -> dict[str, Any]:
-    """Predictions of the pool's latest checkpoint for ``item_ids`` (external ids, in order).
-
-    Returns:
-        ``{"checkpoint_id", "round", "predictions": [{"item_id", "probs": {class: p}, "label"}]}``
-        (classification) or ``[{"item_id", "target": [m floats]}]`` (regression).
-    """
-    env = context.env()
-    with session_scope(env.sessionmaker) as s:
-        pool = s.get(Pool, pool_id)
-        if pool is None:
-            raise LookupError(f"pool {pool_id} does not exist")
-        checkpoint = store.latest_checkpoint(s, pool_id)
-        if checkpoint is None:
-            raise LookupError("the pool has no checkpoint yet: request a batch first")
-        found = store.items_by_external_id(s, pool_id, item_ids)
-        blob = checkpoint.weights
-        meta = {"checkpoint_id": checkpoint.id, "round": checkpoint.round}
-        classes = list(pool.classes or [])
-        task = pool.task
-        d = int(pool.embedding_dim)
-    missing = [i for i in item_ids if i not in found or found[i][1] is None]
-    if missing:
-        raise LookupError(f"{len(missing)} item(s) not found or without embedding: {missing[:10]}")
-    X = np.frombuffer(bytearray(b"".join(found[i][1] or b"" for i in item_ids)), dtype="<f4").reshape(len(item_ids), d)
-    with threads.torch_threads(env.settings.job_threads):
-        trained = load_checkpoint(blob, device=resolve_device(env.settings.device))
-        out = head_predict(trained, X)
-    predictions: list[dict[str, Any]] = []
-    if task == "classification":
-        assert out.probs is not None
-        P = out.probs.double().cpu().numpy()
-        for ext, p in zip(item_ids, P, strict=True):
-            predictions.append(
-                {
-                    "item_id": ext,
-                    "probs": {c: float(v) for c, v in zip(classes, p, strict=True)},
-                    "label": classes[int(p.argmax())],
-                }
-            )
-    else:
-        assert out.outputs is not None
-        T = out.outputs.double().cpu().numpy()
-        predictions = [{"item_id": ext, "target": [float(v) for v in t]} for ext, t in zip(item_ids, T, strict=True)]
-    return {**meta, "predictions": predictions}
