@@ -92,7 +92,7 @@ def stack(url: str, redis_url: str, log_dir: str) -> Iterator[str]:
         stderr=subprocess.STDOUT,
     )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "worker"],
+        [sys.executable, "-m", "bait.cli", "worker"],
         env=env,
         cwd=REPO,
         stdout=open(f"{log_dir}/worker.log", "wb"),  # noqa: SIM115

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from service import catalog
 from service.sandbox import child_command, child_env
 from worker.encoder_child import ENCODER_ERROR, HEADER, INPUT_ERROR, OK, REPLY
 
 log = logging.getLogger(__name__)
 
-CHILD_MODULE = "worker.encoder_child"
 START_TIMEOUT_SECONDS = 120.0  # import torch and load the module
 
 
@@ -76,7 +76,7 @@ class EncoderProcess:
         self.env = child_env(self.workdir)
         with open(Path(self.workdir) / "stderr", "wb") as err:
             self.proc = subprocess.Popen(
-                child_command(CHILD_MODULE, *args),
+                child_command(catalog.ENCODER_CHILD, *args),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,

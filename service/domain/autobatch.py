@@ -19,7 +19,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.domain.batches import RUN_BATCH, BatchRequest, new_batch_row
+from service import catalog
+from service.domain.batches import BatchRequest, new_batch_row
 from service.errors import BadRequest, ServiceError
 from service.labelstudio import IntegrationConfig
 from service.queue import JobQueue, enqueue_on_commit
@@ -117,6 +118,6 @@ def evaluate(session: Session, queue: JobQueue, integration_id: str, now: dateti
         return None
     state["last_auto_batch"] = batch.id
     integration.state = state
-    enqueue_on_commit(session, queue, RUN_BATCH, batch.id, batch_id=batch.id)
+    enqueue_on_commit(session, queue, catalog.RUN_BATCH, batch.id, batch_id=batch.id)
     log.info("integration %s: auto batch %s (%s)", integration_id, batch.id, policy)
     return batch.id

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from service import crypto
 from service import labelstudio as lsmod
+from service.catalog import APPLY_ANNOTATION, PREDICT, RECONCILE, TRAIN_REQUESTED
 from service.config import Settings
 from service.domain.autobatch import effective_auto_batch
 from service.domain.pools import get_pool
@@ -42,10 +43,6 @@ from service.store.models import Integration, Pool, ReconcileRun
 
 log = logging.getLogger(__name__)
 
-RECONCILE = "worker.labelstudio.run_reconcile"
-TRAIN_REQUESTED = "worker.labelstudio.train_requested"
-APPLY_ANNOTATION = "worker.labelstudio.apply_annotation"
-PREDICT = "worker.predict.predict"
 ANNOTATION_EVENTS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
 DELETE_EVENTS = ("ANNOTATION_DELETED", "ANNOTATIONS_DELETED")
 
