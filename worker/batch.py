@@ -187,12 +187,54 @@ def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, mes
         store.release_reservations(s, batch_id, now)
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    """What the load step read: the pool's arrays and what the later steps need of the pool row."""
+
+    data: PoolArrays
+    config: HeadConfig
+    task: str
+    classes: list[str] | None
+    needs_model: bool
+
+
+@dataclass
+class _Model:
+    """What the strategy reads (the pool's embeddings, or the head's features and probabilities) and the
+    trained head with its validation scores (None when the strategy needs no model)."""
+
+    features: Any
+    probs: Any = None
+    trained: TrainedHead | None = None
+    assessed: quality.Quality | None = None
+
+
 def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker, device: str, ttl_s: int) -> None:
+    """The steps of a batch: load, (cold start?), train + embed + validate, then select and store."""
     timings: dict[str, float] = {"queued": spec.queued_for}
     t0 = time.perf_counter()
+    loaded = _load(spec, factory, tracker)
+    timings["load"] = time.perf_counter() - t0
 
-    # load: from the worker's pool cache when it has one (memory-mapped, refreshed from the rows that changed);
-    # a strategy that reads no embeddings (random) loads ids only
+    strategy, cold = cold_start_choice(spec.strategy, spec.params, loaded.task, loaded.classes, loaded.data)
+    if cold is not None:
+        log.info("batch %s: cold start (%s): %s instead of %s", spec.batch_id, cold.rule, strategy, spec.strategy)
+    model = _Model(features=selection_inputs(loaded.data, loaded.needs_model))
+    if selection.STRATEGIES[strategy].inputs and strategy not in coldstart.MODEL_FREE:
+        model = _train_embed_validate(spec, factory, tracker, loaded, device, timings)
+    # else: the strategy reads no model output (random; typiclust and kmeanspp, which read the pool's own
+    # embeddings, and a cold start): no head is trained, no checkpoint stored.
+
+    params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
+    chosen: dict[str, Any] = {"strategy_requested": spec.strategy, "strategy_used": strategy, "cold_start": None}
+    if cold is not None:
+        chosen.update(cold_start=cold.as_dict(), note=coldstart.note(spec.strategy, strategy, cold))
+    _select_and_store(spec, factory, tracker, loaded, model, (strategy, params, chosen), device, ttl_s, timings, t0)
+
+
+def _load(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker) -> _Loaded:
+    """Load the pool: from the worker's pool cache when it has one (memory-mapped, refreshed from the rows that
+    changed); a strategy that reads no embeddings (random) loads ids only."""
     needs_model = bool(selection.STRATEGIES[spec.strategy].inputs)
     with session_scope(factory) as s:
         pool = s.get(Pool, spec.pool_id)
@@ -201,53 +243,63 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
         config = head_config(pool)
         task = pool.task
         classes = list(pool.classes or []) if task == "classification" else None
-        settings = context.env().settings
-        cache = pool_cache.for_settings(settings)
+        cache = pool_cache.for_settings(context.env().settings)
         data = load_pool(s, pool, utcnow(), progress=tracker.callback, cache=cache, embeddings=needs_model)
     tracker.write(data.n, data.n)
-    timings["load"] = time.perf_counter() - t0
+    return _Loaded(data=data, config=config, task=task, classes=classes, needs_model=needs_model)
 
-    strategy, cold = cold_start_choice(spec.strategy, spec.params, task, classes, data)
-    if cold is not None:
-        log.info("batch %s: cold start (%s): %s instead of %s", spec.batch_id, cold.rule, strategy, spec.strategy)
-    trained: TrainedHead | None = None
-    assessed: quality.Quality | None = None
-    features: Any = selection_inputs(data, needs_model)
-    probs: Any = None
-    if selection.STRATEGIES[strategy].inputs and strategy not in coldstart.MODEL_FREE:
-        # small ops on BAIT_JOB_THREADS torch threads (worker/threads.py: the OpenMP pool only slows them)
-        with threads.torch_threads(settings.job_threads):
-            # train: from scratch on the labeled rows, seeded per batch
-            t = time.perf_counter()
-            tracker.stage("train", 0, config.max_epochs)
-            trained = train_head(
-                config, data.X[data.labeled], data.y, device=device, seed=spec.seed, progress=tracker.callback
-            )
-            timings["train"] = time.perf_counter() - t
 
-            # embed: penultimate features (BAIT's embedding) and probabilities of every row
-            t = time.perf_counter()
-            tracker.stage("embed", 0, data.n)
-            out = head_predict(trained, data.X)
-            features = out.features
-            probs = out.probs if task == "classification" else None
-            tracker.write(data.n, data.n)
-            timings["embed"] = time.perf_counter() - t
+def _train_embed_validate(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    tracker: Tracker,
+    loaded: _Loaded,
+    device: str,
+    timings: dict[str, float],
+) -> _Model:
+    """Train the head from scratch on the labeled rows (seeded per batch), embed every row with it (BAIT's
+    embedding is its penultimate layer), and score it on the labeled validation items."""
+    data = loaded.data
+    # small ops on BAIT_JOB_THREADS torch threads (worker/threads.py: the OpenMP pool only slows them)
+    with threads.torch_threads(context.env().settings.job_threads):
+        t = time.perf_counter()
+        tracker.stage("train", 0, loaded.config.max_epochs)
+        trained = train_head(
+            loaded.config, data.X[data.labeled], data.y, device=device, seed=spec.seed, progress=tracker.callback
+        )
+        timings["train"] = time.perf_counter() - t
 
-            # validate: scores on the labeled validation items, stored with the checkpoint
-            t = time.perf_counter()
-            assessed = quality.assess(factory, spec.pool_id, trained, classes)
-            timings["validate"] = time.perf_counter() - t
-    # else: the strategy reads no model output (random; typiclust and kmeanspp, which read the pool's own
-    # embeddings, and a cold start): no head is trained, no checkpoint stored.
+        t = time.perf_counter()
+        tracker.stage("embed", 0, data.n)
+        out = head_predict(trained, data.X)
+        probs = out.probs if loaded.task == "classification" else None
+        tracker.write(data.n, data.n)
+        timings["embed"] = time.perf_counter() - t
 
-    # Select and reserve under the pool's selection lock, in one transaction: read the design as it is
-    # now (labels and reservations committed since the load), select around it, reserve, commit. The
-    # next batch on the pool selects only after that commit, so a batch runs its selection once.
-    params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
-    chosen: dict[str, Any] = {"strategy_requested": spec.strategy, "strategy_used": strategy, "cold_start": None}
-    if cold is not None:
-        chosen.update(cold_start=cold.as_dict(), note=coldstart.note(spec.strategy, strategy, cold))
+        t = time.perf_counter()
+        assessed = quality.assess(factory, spec.pool_id, trained, loaded.classes)
+        timings["validate"] = time.perf_counter() - t
+    return _Model(features=out.features, probs=probs, trained=trained, assessed=assessed)
+
+
+def _select_and_store(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    tracker: Tracker,
+    loaded: _Loaded,
+    model: _Model,
+    plan: tuple[str, dict[str, Any], dict[str, Any]],
+    device: str,
+    ttl_s: int,
+    timings: dict[str, float],
+    t0: float,
+) -> None:
+    """Select and reserve under the pool's selection lock, in one transaction: read the design as it is now
+    (labels and reservations committed since the load), select around it, reserve, commit. The next batch
+    on the pool selects only after that commit, so a batch runs its selection once. ``plan`` is the
+    strategy that runs, its parameters, and what the diagnostics say about the choice."""
+    strategy, params, chosen = plan
+    data = loaded.data
     timings.update(lock_wait=0.0, select=0.0, store=0.0)
     for run in range(1, RESERVE_ATTEMPTS + 1):
         t = time.perf_counter()
@@ -264,22 +316,31 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
                 reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), data.labeled)
                 result = selection.select(
                     strategy,
-                    embeddings=features,
-                    probs=probs,
+                    embeddings=model.features,
+                    probs=model.probs,
                     labeled=data.labeled,
                     reserved=reserved,
                     batch_size=spec.size,
-                    task=task,
+                    task=loaded.task,
                     seed=spec.seed,
                     device=device,
                     progress=tracker.callback,
                     **params,
                 )
                 timings["select"] += time.perf_counter() - t
-                if assessed is not None and trained is not None:
+                if model.assessed is not None and model.trained is not None:
                     t = time.perf_counter()
-                    with threads.torch_threads(settings.job_threads):
-                        quality.draw_map(assessed, trained, features, probs, data, result.indices, classes, spec.seed)
+                    with threads.torch_threads(context.env().settings.job_threads):
+                        quality.draw_map(
+                            model.assessed,
+                            model.trained,
+                            model.features,
+                            model.probs,
+                            data,
+                            result.indices,
+                            loaded.classes,
+                            spec.seed,
+                        )
                     timings["map"] = time.perf_counter() - t
                 t = time.perf_counter()
                 tracker.stage("store", 0, spec.size)
@@ -287,14 +348,14 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
                     s,
                     spec,
                     data,
-                    trained,
+                    model.trained,
                     result,
                     timings,
                     run,
                     ttl_s,
                     (t0, t),
                     int(reserved.shape[0]),
-                    assessed,
+                    model.assessed,
                     chosen,
                 )
             return
