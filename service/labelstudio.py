@@ -215,10 +215,6 @@ class LabelStudioClient:
             page += 1
         return out
 
-    def task_annotations(self, task_id: int) -> list[dict[str, Any]]:
-        body = self._json("GET", f"/api/tasks/{task_id}/annotations/")
-        return list(body) if isinstance(body, list) else []
-
     def annotation(self, annotation_id: int) -> dict[str, Any] | None:
         """One annotation as Label Studio has it now (None: it no longer exists)."""
         try:

