@@ -8,7 +8,7 @@ checks that it is a callable, and that no other module writes a job path of its 
 
 Renaming a job function changes its path: jobs already waiting in Redis under the old path fail to
 import; the recovery sweep (:func:`service.domain.jobs.recover_jobs`) submits their rows again under
-the new one (batch, select and embed jobs; a lost Label Studio event comes back with the next reconcile).
+the new one (batch, select and embed jobs; a lost annotation event comes back with the next reconcile).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ RUN_EMBED = "worker.embed.run_embed"
 #: Send the outgoing webhook deliveries that are due.
 WEBHOOK_SWEEP = "worker.webhooks.sweep"
 #: Annotation platforms: a reconcile run, an annotation event, a train request, a batch pushed again.
-RECONCILE = "worker.labelstudio.run_reconcile"
-APPLY_ANNOTATION = "worker.labelstudio.apply_annotation"
-TRAIN_REQUESTED = "worker.labelstudio.train_requested"
-REDELIVER = "worker.labelstudio.redeliver"
+RECONCILE = "worker.annotation.run_reconcile"
+APPLY_ANNOTATION = "worker.annotation.apply_annotation"
+TRAIN_REQUESTED = "worker.annotation.train_requested"
+REDELIVER = "worker.annotation.redeliver"
 
 #: The in-process runner's start hook, called with ``(settings, queue)`` before its first job.
 WORKER_CONFIGURE = "worker.runtime.configure"

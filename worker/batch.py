@@ -35,7 +35,7 @@ from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
-from worker import context, labelstudio, pool_cache, quality, threads, webhooks
+from worker import annotation, context, pool_cache, quality, threads, webhooks
 from worker.pool_data import PoolArrays, current_design, load_pool
 from worker.runtime import Stopped, Tracker, describe_error, jsonable, resolve_device, start_job, utcnow
 
@@ -101,9 +101,9 @@ def run_batch(batch_id: str) -> None:
     log.info("batch %s: attempt %d, %s of %d", batch_id, attempt, spec.strategy, spec.size)
     try:
         with Tracker(factory, batch_id, attempt, settings.job_heartbeat_seconds) as tracker:
-            warnings = _labelstudio_before(spec, tracker)
+            warnings = _platforms_before(spec, tracker)
             _run_batch(spec, factory, tracker, resolve_device(settings.device), settings.reservation_ttl_seconds)
-            _labelstudio_deliver(spec, factory, warnings)
+            _platforms_deliver(spec, factory, warnings)
     except Stopped:
         log.info("batch %s: stopped (cancelled or taken over); nothing written", batch_id)
         return
@@ -119,8 +119,8 @@ def run_batch(batch_id: str) -> None:
 
 
 def _after_batch(batch_id: str) -> None:
-    """Once the batch's outcome is committed: outgoing webhooks (a connected pool's batch was pushed to
-    Label Studio before it succeeded). Their failures are recorded on the deliveries, never on the run."""
+    """Once the batch's outcome is committed: outgoing webhooks (a connected pool's batch was pushed to its
+    annotation platforms before it succeeded). Their failures are recorded on the deliveries, never on the run."""
     try:
         webhooks.batch_finished(batch_id)
     except Exception:
@@ -128,37 +128,38 @@ def _after_batch(batch_id: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Label Studio around a batch (order of work: reconcile, train, select, store, push, succeeded, webhook)
+# Annotation platforms around a batch (order of work: reconcile, train, select, store, push, succeeded,
+# webhook)
 # --------------------------------------------------------------------------------------------------
 
 
-def _labelstudio_before(spec: _BatchSpec, tracker: Tracker) -> list[str]:
-    """Reconcile the pool's Label Studio projects first (bounded), so selection sees every label."""
+def _platforms_before(spec: _BatchSpec, tracker: Tracker) -> list[str]:
+    """Reconcile the pool's integrations first (bounded), so selection sees every label."""
     with session_scope(tracker.factory) as s:
-        if not labelstudio.has_integrations(s, spec.pool_id):
+        if not annotation.has_integrations(s, spec.pool_id):
             return []
     tracker.stage("reconcile")
-    warnings = labelstudio.before_batch(spec.pool_id, context.env().settings.labelstudio_reconcile_budget_seconds)
+    warnings = annotation.before_batch(spec.pool_id, context.env().settings.labelstudio_reconcile_budget_seconds)
     for w in warnings:
         log.warning("batch %s: %s; selecting with the labels we have", spec.batch_id, w)
     return warnings
 
 
 def _hold_for_delivery(s: Session, pool_id: str) -> dict[str, Any]:
-    """Fields that keep a stored batch ``running`` (stage ``push``) until Label Studio has it."""
-    if not labelstudio.has_integrations(s, pool_id):
+    """Fields that keep a stored batch ``running`` (stage ``push``) until its annotation platforms have it."""
+    if not annotation.has_integrations(s, pool_id):
         return {}
     return {"status": "running", "progress_stage": "push", "finished_at": None}
 
 
-def _labelstudio_deliver(spec: _BatchSpec, factory: sessionmaker[Session], warnings: list[str]) -> None:
-    """Push a stored batch into the pool's Label Studio projects, then mark it ``succeeded``
+def _platforms_deliver(spec: _BatchSpec, factory: sessionmaker[Session], warnings: list[str]) -> None:
+    """Push a stored batch into the pool's annotation platforms, then mark it ``succeeded``
     (a failed push leaves it succeeded with ``delivery: failed``, see the retry endpoint)."""
     with session_scope(factory) as s:
         batch = store.get_batch_by_id(s, spec.batch_id)
         if batch is None or batch.status != "running" or batch.progress_stage != "push":
             return
-    outcome = labelstudio.deliver(spec.batch_id)
+    outcome = annotation.deliver(spec.batch_id)
     with session_scope(factory) as s:
         batch = store.get_batch_by_id(s, spec.batch_id)
         if batch is None:
@@ -171,7 +172,7 @@ def _labelstudio_deliver(spec: _BatchSpec, factory: sessionmaker[Session], warni
         values = {**done, "diagnostics": diagnostics}
         if not finish_attempt(s, Batch, spec.batch_id, spec.attempt, values, outcome="succeeded"):
             raise Stopped(spec.batch_id)
-    log.info("batch %s: Label Studio delivery %s", spec.batch_id, outcome)
+    log.info("batch %s: delivery to annotation platforms %s", spec.batch_id, outcome)
 
 
 def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, message: str) -> None:
@@ -493,7 +494,7 @@ def _store_batch(
         "heartbeat_at": now,
     }
     hold = _hold_for_delivery(s, spec.pool_id)
-    if hold:  # still running (stage push): the attempt ends once Label Studio has the batch
+    if hold:  # still running (stage push): the attempt ends once the annotation platforms have the batch
         written = write_if_running(s, Batch, spec.batch_id, spec.attempt, {**finished, **hold})
     else:
         written = finish_attempt(s, Batch, spec.batch_id, spec.attempt, finished, outcome="succeeded")

@@ -10,10 +10,10 @@ stored and the secret is shown once, inside the ML-backend URL
 reconcile run is queued at connect: it adopts the project's tasks that carry item ids.
 
 Webhook work is queued (Label Studio waits one second for an answer and never retries): annotation
-created/updated events become a ``worker.labelstudio.apply_annotation`` job (applied once per annotation
+created/updated events become a ``worker.annotation.apply_annotation`` job (applied once per annotation
 id and updated time; an unauthenticated event is a hint read back from Label Studio), deletions a
 reconcile run (``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
-``START_TRAINING`` a ``worker.labelstudio.train_requested`` job: the integration's ``auto_batch`` policy
+``START_TRAINING`` a ``worker.annotation.train_requested`` job: the integration's ``auto_batch`` policy
 (:mod:`service.domain.autobatch`) decides whether and when it becomes a batch.
 """
 
@@ -34,7 +34,14 @@ from service.config import Settings
 from service.domain.autobatch import effective_auto_batch
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound, ServiceError, Unauthorized
-from service.labelstudio import IntegrationConfig, LabelStudioClient, LabelStudioError, Mapping, resolve_mapping
+from service.labelstudio import (
+    IntegrationConfig,
+    LabelStudioClient,
+    LabelStudioError,
+    Mapping,
+    prediction_result,
+    resolve_mapping,
+)
 from service.outbound import DestinationRefused, OutboundPolicy, check_destination
 from service.queue import JobFailed, JobQueue, JobTimeout, enqueue_on_commit
 from service.store import batches as batches_repo
@@ -288,8 +295,6 @@ def predict(
 ) -> list[dict[str, Any]]:
     """One prediction per task, in order: ``{"result", "score", "model_version"}`` (empty result for tasks
     that are not our items, or before the pool has a model)."""
-    from service.labelstudio import prediction_result
-
     config = IntegrationConfig.from_dict(integration.config or {})
     mapping = _mapping(integration)
     version = model_version(session, integration)

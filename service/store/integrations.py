@@ -43,8 +43,11 @@ def list_integrations(session: Session, pool_id: str) -> Sequence[Integration]:
     return session.execute(stmt).scalars().all()
 
 
-def pool_integration_ids(session: Session, pool_id: str, kind: str = "labelstudio") -> list[str]:
-    stmt = select(Integration.id).where(Integration.pool_id == pool_id, Integration.kind == kind)
+def pool_integration_ids(session: Session, pool_id: str, kind: str | None = None) -> list[str]:
+    """The pool's integrations (of one platform ``kind``, or of every platform), oldest first."""
+    stmt = select(Integration.id).where(Integration.pool_id == pool_id)
+    if kind is not None:
+        stmt = stmt.where(Integration.kind == kind)
     return [str(i) for i in session.execute(stmt.order_by(Integration.created_at)).scalars()]
 
 
