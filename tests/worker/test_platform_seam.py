@@ -36,7 +36,8 @@ class RecordingPlatform(AnnotationPlatform):
         with session_scope(env.sessionmaker) as s:
             batch = s.get(Batch, batch_id)
             assert batch is not None
-            self.calls.append(("push", (integration_id, batch.status, batch.progress_stage, list(batch.item_ids or []))))
+            held = (integration_id, batch.status, batch.progress_stage, list(batch.item_ids or []))
+            self.calls.append(("push", held))
         return True
 
     def reconcile(
