@@ -23,6 +23,7 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then \
     fi
 
 COPY pyproject.toml README.md ./
+COPY bait ./bait
 COPY selection ./selection
 COPY service ./service
 COPY worker ./worker

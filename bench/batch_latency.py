@@ -21,22 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.service_throughput import (  # noqa: E402
+from bench.service_harness import (  # noqa: E402
     BenchContext,
     Row,
-    api_server,
+    bench_api,
     create_pool,
-    machine,
-    mint_key,
     npz_body,
     print_table,
-    scratch_database,
     timed_upload,
 )
 
@@ -145,17 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="2,000 items: checks the script runs")
     args = p.parse_args(argv)
     n = 2_000 if args.smoke else args.n
-    print("bait-service batch latency (HTTP api in a uvicorn subprocess, in-process job runner)")
-    for key, value in machine().items():
-        print(f"  {key:22} {value}")
-    with scratch_database(args.database_url) as (url, description):
-        print(f"  {'database':22} {description}")
-        print(f"  {'inputs':22} n={n:,} items, d={args.d}, k={args.k}, B={args.size}; loading at d={args.load_d}")
-        print()
-        key = mint_key(url)
-        with api_server(url) as base, httpx.Client(base_url=base, timeout=600) as client:
-            ctx = BenchContext(client, {"Authorization": f"Bearer {key}"}, n, args.d, args.smoke, description)
-            rows = batch_rows(ctx, d=args.d, k=args.k, size=args.size, load_d=args.load_d, bait_n=args.bait_n)
+    title = "bait-service batch latency (HTTP api in a uvicorn subprocess, in-process job runner)"
+    inputs = f"n={n:,} items, d={args.d}, k={args.k}, B={args.size}; loading at d={args.load_d}"
+    with bench_api(title, args.database_url, inputs, n, args.d, args.smoke) as ctx:
+        rows = batch_rows(ctx, d=args.d, k=args.k, size=args.size, load_d=args.load_d, bait_n=args.bait_n)
     print_table(rows)
     return 0
 

@@ -31,7 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.service_throughput import api_server, machine, mint_key, scratch_database  # noqa: E402
+from bench.service_harness import api_server, machine, mint_key, scratch_database  # noqa: E402
 from service.config import Settings  # noqa: E402
 from service.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
 from service.store import items as items_repo  # noqa: E402

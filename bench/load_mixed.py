@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.service_throughput import REPO, machine, mint_key, scratch_database, wait_healthy
+from bench.service_harness import REPO, machine, mint_key, scratch_database, wait_healthy
 
 OPS = ("GET pool", "GET items", "PUT 100 labels", "GET batch")
 CLASSES = [f"c{i}" for i in range(10)]
@@ -92,7 +92,7 @@ def stack(url: str, redis_url: str, log_dir: str) -> Iterator[str]:
         stderr=subprocess.STDOUT,
     )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "worker"],
+        [sys.executable, "-m", "bait.cli", "worker"],
         env=env,
         cwd=REPO,
         stdout=open(f"{log_dir}/worker.log", "wb"),  # noqa: SIM115

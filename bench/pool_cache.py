@@ -1,7 +1,7 @@
 """Warm workers: batch jobs on a big pool with the worker's pool cache (worker/pool_cache.py) cold, warm and
 after small changes, against the code path before it (every batch reads the whole pool) in the same run.
 
-Each batch is a real job (``worker.jobs.run_batch`` on a queued batch row: heartbeat, load, select, reserve,
+Each batch is a real job (``worker.batch.run_batch`` on a queued batch row: heartbeat, load, select, reserve,
 store) run in a fresh worker process, so its peak RSS is its own (the modules a job imports on its first run
 are imported before the clock starts, as in a worker that has run jobs before); the cache folder and the OS
 page cache persist between them, as they do for a worker that keeps running. Rows:
@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from sqlalchemy import bindparam, insert, text  # noqa: E402
 
-from bench.service_throughput import machine, scratch_database  # noqa: E402
+from bench.service_harness import machine, scratch_database  # noqa: E402
 from service.config import Settings  # noqa: E402
 from service.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
 from service.store.models import Batch, Item, Pool, Tenant  # noqa: E402
@@ -145,7 +145,8 @@ def change_pool(url: str, pool_id: str, d: int, added: int, updated: int, tag: s
 
 def phase(args: argparse.Namespace) -> None:
     """Child process: run one batch job and print its figures as JSON on the last line."""
-    from worker import context, jobs
+    from worker import batch as batch_job  # imported here: the child measures its own memory from here on
+    from worker import context
     from worker.pool_data import load_pool
 
     settings = Settings(
@@ -157,13 +158,9 @@ def phase(args: argparse.Namespace) -> None:
         log_level="WARNING",
     )
     if args.mode == "before":  # the code before the cache: the whole pool, and its embeddings to the strategy
-        jobs.load_pool = lambda *a, **kw: load_pool(*a, **{**kw, "cache": None, "embeddings": True})
-        jobs.selection_inputs = lambda data, _needs: data.X  # type: ignore[assignment]
+        batch_job.load_pool = lambda *a, **kw: load_pool(*a, **{**kw, "cache": None, "embeddings": True})
+        batch_job.selection_inputs = lambda data, _needs: data.X  # type: ignore[assignment]
     env = context.configure(settings)
-    # What a running worker has imported already: the modules a batch job imports on its first run.
-    import worker.labelstudio
-    import worker.webhooks  # noqa: F401
-
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.mode == "fill":  # no batch: what a strategy that reads embeddings waits for on an empty cache
         from worker import pool_cache
@@ -186,7 +183,7 @@ def phase(args: argparse.Namespace) -> None:
         s.flush()
         batch_id = batch.id
     t = time.perf_counter()
-    jobs.run_batch(batch_id)
+    batch_job.run_batch(batch_id)
     seconds = time.perf_counter() - t
     with session_scope(env.sessionmaker) as s:
         row = s.get(Batch, batch_id)

@@ -27,22 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.batch_latency import warm_up  # noqa: E402
-from bench.service_throughput import (  # noqa: E402
-    BenchContext,
-    api_server,
-    machine,
-    mint_key,
-    npz_body,
-    scratch_database,
-    timed_upload,
-)
+from bench.service_harness import BenchContext, bench_api, npz_body, timed_upload  # noqa: E402
 
 STAGES = ("load", "train", "embed", "validate", "select", "store", "total")
 
@@ -129,28 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     n, d, k, size, n_labeled = args.n, args.d, args.k, args.size, args.labeled
     if args.smoke:
         n, d, k, size, n_labeled = 600, 16, 6, 5, 60
-    print("bait-service, many classes: POST a bait batch -> succeeded (uvicorn subprocess, in-process job runner)")
-    for key, value in machine().items():
-        print(f"  {key:22} {value}")
+    title = "bait-service, many classes: POST a bait batch -> succeeded (uvicorn subprocess, in-process job runner)"
     variants: list[tuple[str, str, dict[str, Any]]] = [
         ("random (baseline)", "random", {}),
         ("bait, default plan", "bait", {}),
         ("bait, approx=topc", "bait", {"approx": "topc"}),
     ]
     results = []
-    with scratch_database(args.database_url) as (url, description):
-        print(f"  {'database':22} {description}")
-        print(f"  {'inputs':22} n={n:,} items, d={d}, k={k}, B={size}, {n_labeled} labeled")
-        print()
-        key = mint_key(url)
-        with api_server(url) as base, httpx.Client(base_url=base, timeout=1800) as client:
-            ctx = BenchContext(client, {"Authorization": f"Bearer {key}"}, n, d, args.smoke, description)
-            warm_up(ctx)
-            pool = class_pool(ctx, n, d, k, n_labeled)
-            for label, strategy, params in variants:
-                before = os.getloadavg()[0]
-                seconds, batch = post_batch(ctx, pool, strategy, size, params)
-                results.append((label, seconds, batch, before, os.getloadavg()[0]))
+    inputs = f"n={n:,} items, d={d}, k={k}, B={size}, {n_labeled} labeled"
+    with bench_api(title, args.database_url, inputs, n, d, args.smoke, timeout=1800) as ctx:
+        warm_up(ctx)
+        pool = class_pool(ctx, n, d, k, n_labeled)
+        for label, strategy, params in variants:
+            before = os.getloadavg()[0]
+            seconds, batch = post_batch(ctx, pool, strategy, size, params)
+            results.append((label, seconds, batch, before, os.getloadavg()[0]))
     print("| variant | POST -> succeeded s | " + " | ".join(STAGES) + " | BAIT setup / fwd / bwd s | plan | load 1m |")
     print("|---|---|" + "---|" * len(STAGES) + "---|---|---|")
     for label, seconds, batch, before, after in results:

@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.service_throughput import machine, wait_healthy  # noqa: E402
+from bench.service_harness import machine, wait_healthy  # noqa: E402
 
 LIMIT_BYTES = 8 * 2**30
 

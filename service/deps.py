@@ -76,11 +76,6 @@ def key_and_tenant(session: Session, key: str) -> tuple[ApiKey, Tenant] | None:
     return None if row is None else (row[0], row[1])
 
 
-def tenant_for_key(session: Session, key: str) -> Tenant | None:
-    found = key_and_tenant(session, key)
-    return None if found is None else found[1]
-
-
 def get_tenant(
     request: Request,
     session: SessionDep,

@@ -1,7 +1,7 @@
 """Label Studio: its HTTP API (httpx, with timeouts) and the mapping between its results and our labels.
 
 Used by the web process (checking a new integration, the ML-backend routes) and by the worker jobs in
-:mod:`worker.labelstudio` (import, reconcile, webhook events). Nothing here touches the database.
+:mod:`service.domain.platforms.labelstudio` (import, reconcile, webhook events). Nothing here touches the database.
 
 Authentication to Label Studio: a legacy token is sent as ``Authorization: Token <token>``; a personal
 access token (a JWT refresh token, three dot-separated parts) is exchanged at ``/api/token/refresh`` for
@@ -214,10 +214,6 @@ class LabelStudioClient:
                 break
             page += 1
         return out
-
-    def task_annotations(self, task_id: int) -> list[dict[str, Any]]:
-        body = self._json("GET", f"/api/tasks/{task_id}/annotations/")
-        return list(body) if isinstance(body, list) else []
 
     def annotation(self, annotation_id: int) -> dict[str, Any] | None:
         """One annotation as Label Studio has it now (None: it no longer exists)."""

@@ -4,8 +4,8 @@
   time, first in first out; a job that raises is logged and the thread goes on with the next one.
 - :class:`RQQueue` (``BAIT_REDIS_URL`` set): jobs go to Redis and ``bait worker`` processes run them.
 
-Jobs are named by dotted path (``"worker.jobs.run_batch"``) and take JSON-compatible keyword arguments
-(ids, never ORM objects), so the web process never imports the numerics: RQ resolves the path in the
+Jobs are named by dotted path (every path is in :mod:`service.catalog`) and take JSON-compatible keyword
+arguments (ids, never ORM objects), so the web process never imports the numerics: RQ resolves the path in the
 worker, the in-process runner resolves it with :mod:`importlib` when the job runs. The job id is the id
 of the database row the job works on, so a retried submission cannot run twice (and the job itself
 refuses to start a row that is no longer ``queued``).
@@ -32,13 +32,14 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from service import catalog
 from service.config import Settings
 
 log = logging.getLogger(__name__)
 
 # Called with the settings by the in-process runner thread before its first job, so jobs use the app's
 # settings (and the numerics are imported in the background, not in the first request's job).
-WORKER_CONFIGURE = "worker.jobs.configure"
+WORKER_CONFIGURE = catalog.WORKER_CONFIGURE
 
 
 class JobTimeout(Exception):
@@ -185,7 +186,7 @@ class InProcessQueue(JobQueue):
     def _loop(self) -> None:
         if self.configure_path:
             try:
-                resolve(self.configure_path)(self.settings)
+                resolve(self.configure_path)(self.settings, self)
             except BaseException:
                 log.exception("job runner could not load %s; jobs will fail", self.configure_path)
         while True:

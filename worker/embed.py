@@ -1,7 +1,7 @@
 """The embed job: encode a pool's items given by reference with the pool's encoder.
 
 ``run_embed(job_id)`` moves the job ``queued -> running`` (one conditional UPDATE, so a duplicate
-delivery is a no-op), refreshes its heartbeat from a side thread (:class:`worker.jobs.Tracker`), then
+delivery is a no-op), refreshes its heartbeat from a side thread (:class:`worker.runtime.Tracker`), then
 works through the items that are ``pending`` (or ``ready`` from another encoder) in chunks of
 ``encode_batch_size``: resolve each reference (:mod:`worker.references`), encode the chunk, and commit
 the chunk's embeddings and per-item errors in one transaction. Progress is ``{stage: "embed", done,
@@ -35,7 +35,6 @@ from service.store.models import EncoderModel, Pool, Tenant
 from worker import context
 from worker.encoder_process import EncoderInputError, EncoderLimitExceeded
 from worker.encoders import Encoder, EncoderError, InputSpec, TorchScriptEncoder, encoder_source, make_encoder
-from worker.jobs import Stopped, Tracker, start_job, utcnow
 from worker.references import (
     BadReference,
     FetchLimits,
@@ -44,6 +43,7 @@ from worker.references import (
     decode_text,
     fetch,
 )
+from worker.runtime import Stopped, Tracker, start_job, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class EncoderChanged(Exception):
 
 
 class EmbedTracker(Tracker):
-    """:class:`worker.jobs.Tracker` (throttled progress, heartbeat thread, cancellation) on embed jobs."""
+    """:class:`worker.runtime.Tracker` (throttled progress, heartbeat thread, cancellation) on embed jobs."""
 
     def _touch(self, s: Session, progress: tuple[str, int, int] | None) -> bool:
         return repo.touch_job(s, self.batch_id, self.attempt, utcnow(), progress)

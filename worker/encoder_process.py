@@ -22,13 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
+from service import catalog
 from service.sandbox import child_command, child_env
 from worker.encoder_child import ENCODER_ERROR, HEADER, INPUT_ERROR, OK, REPLY
 
 log = logging.getLogger(__name__)
 
-CHILD_MODULE = "worker.encoder_child"
 START_TIMEOUT_SECONDS = 120.0  # import torch and load the module
+
+
+class EncoderError(Exception):
+    """The encoder itself cannot run (missing package, unloadable module, wrong output shape): every item
+    would fail alike, so the job fails with this message. (Defined here, below :mod:`worker.encoders`,
+    which re-exports it: the child process raises it too.)"""
 
 
 class EncoderLimitExceeded(Exception):
@@ -70,7 +76,7 @@ class EncoderProcess:
         self.env = child_env(self.workdir)
         with open(Path(self.workdir) / "stderr", "wb") as err:
             self.proc = subprocess.Popen(
-                child_command(CHILD_MODULE, *args),
+                child_command(catalog.ENCODER_CHILD, *args),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -82,8 +88,6 @@ class EncoderProcess:
         status, payload = self._read_reply(max(START_TIMEOUT_SECONDS, self.timeout), "load")
         if status != OK:
             self.close()
-            from worker.encoders import EncoderError
-
             raise EncoderError(payload.decode("utf-8", "replace"))
 
     def close(self) -> None:
@@ -137,8 +141,6 @@ class EncoderProcess:
             if self.memory_bytes and "allocate memory" in message:
                 message += f" (memory limit {self.memory_bytes} bytes, BAIT_ENCODER_MEMORY_BYTES)"
             raise EncoderInputError(message)
-        from worker.encoders import EncoderError
-
         assert status == ENCODER_ERROR
         raise EncoderError(message)
 

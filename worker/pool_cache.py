@@ -373,10 +373,8 @@ class PoolCache:
             )
             return None
         pool_dir = self._pool_dir(pool_id)
-        tmp = pool_dir / f"tmp-{uuid.uuid4().hex}"
-        tmp.mkdir(parents=True)
-        writer = _EntryWriter(tmp, d)
-        try:
+
+        def fill(writer: _EntryWriter) -> None:
             for rows in store.iter_selectable(session, pool_id, self.chunk):
                 ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
                 exts = [r[1] for r in rows]
@@ -391,6 +389,18 @@ class PoolCache:
                 writer.write(ids, joined, exts)
                 if progress is not None:
                     progress(writer.n, max(total, writer.n))
+
+        entry = self._new_entry(pool_dir, d, version, fill)
+        return self._open(entry, "cold", entry.n)
+
+    def _new_entry(self, pool_dir: Path, d: int, version: int, fill: Callable[[_EntryWriter], None]) -> _Entry:
+        """Write a new entry with ``fill`` in a ``tmp-`` folder (removed if ``fill`` raises), rename it into
+        place, publish it as current, and remove the entries it replaces."""
+        tmp = pool_dir / f"tmp-{uuid.uuid4().hex}"
+        tmp.mkdir(parents=True)
+        writer = _EntryWriter(tmp, d)
+        try:
+            fill(writer)
         except BaseException:
             writer.close()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -401,7 +411,7 @@ class PoolCache:
         _fsync_dir(pool_dir)
         entry = self._publish(pool_dir, name, version, writer.n, d, writer.ext_bytes)
         self._remove_leftovers(pool_dir, entry)
-        return self._open(entry, "cold", writer.n)
+        return entry
 
     def _refresh(self, session: Session, pool_id: str, entry: _Entry, version: int, changed: int) -> CachedPool:
         """Apply the rows changed after ``entry.version`` and the tombstones: append in place when only new
@@ -454,10 +464,8 @@ class PoolCache:
         blob = np.concatenate([old_blob, np.frombuffer(b"".join(new_encoded), dtype=np.uint8)])
         starts = np.concatenate([old_off[kept_pos], entry.ext_bytes + np.cumsum(new_len) - new_len])
         lengths = np.concatenate([old_off[kept_pos + 1] - old_off[kept_pos], new_len])
-        tmp = pool_dir / f"tmp-{uuid.uuid4().hex}"
-        tmp.mkdir()
-        writer = _EntryWriter(tmp, d)
-        try:
+
+        def merge(writer: _EntryWriter) -> None:
             step = 65536
             for a in range(0, order.shape[0], step):
                 src = order[a : a + step]
@@ -469,16 +477,8 @@ class PoolCache:
                 out_start = np.cumsum(L) - L
                 index = np.arange(int(L.sum()), dtype=np.int64) + np.repeat(starts[src] - out_start, L)
                 writer.write_raw(final_ids[src], X, blob[index].tobytes(), L)
-        except BaseException:
-            writer.close()
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        writer.close()
-        name = f"e-{uuid.uuid4().hex}"
-        os.rename(tmp, pool_dir / name)
-        _fsync_dir(pool_dir)
-        published = self._publish(pool_dir, name, version, writer.n, d, writer.ext_bytes)
-        self._remove_leftovers(pool_dir, published)
+
+        published = self._new_entry(pool_dir, d, version, merge)
         return self._open(published, "merge", rows_read)
 
     def _patch(

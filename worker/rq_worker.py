@@ -28,7 +28,7 @@ from service.crypto import check_secret_key
 from service.domain.jobs import recover_jobs
 from service.queue import RQQueue
 from worker import context, threads
-from worker.jobs import resolve_device
+from worker.runtime import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,10 @@ def run(settings: Settings, burst: bool = False, name: str | None = None) -> int
         print("error: `bait worker` needs BAIT_REDIS_URL (without it `bait serve` runs jobs in-process)")
         return 2
     check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
-    env = context.configure(settings)
+    queue = RQQueue(settings)
+    env = context.configure(settings, queue=queue)  # jobs that create jobs submit them here
     if settings.warm_up:  # a first batch should not pay torch's start-up (worker/threads.py)
         threads.warm_up(settings.job_threads)
-    queue = RQQueue(settings)
     device = resolve_device(settings.device)
     log.info(
         "worker on queue %r, device %s, database %s", settings.queue_name, device, settings.database_url.split("@")[-1]

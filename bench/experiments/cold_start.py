@@ -36,11 +36,11 @@ from bench.experiments.common import (
     ResultStore,
     experiment_parser,
     labels_hash,
-    load_npz,
     round_seed,
     start_run,
 )
 from bench.experiments.penalty_matrix import paired_t, t_threshold
+from bench.suite.shared_data import load_npz
 from selection import select
 from selection.heads import HeadConfig, predict, train_head
 from selection.problem import Task

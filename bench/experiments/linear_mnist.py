@@ -37,11 +37,11 @@ from bench.experiments.common import (
     bait_params,
     chosen_strategies,
     experiment_parser,
-    load_npz,
     run_and_plot,
     sizes_from,
     start_run,
 )
+from bench.suite.shared_data import load_npz
 from selection.heads import HeadConfig, train_head
 
 EXPERIMENT = "linear_mnist"

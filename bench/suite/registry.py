@@ -16,6 +16,7 @@ import numpy as np
 
 from bench.suite import debian, text
 from bench.suite.convert import Converted, classification, frame_features, regression, split_indices
+from bench.suite.shared_data import load_npz
 from bench.suite.spec import DatasetFetchError, DatasetSpec, cache_dir
 
 MAX_TRAIN = 8_000
@@ -56,8 +57,6 @@ def _digits(progress: bool) -> Converted:
 
 
 def _shared(name: str) -> dict[str, np.ndarray]:
-    from bench.experiments.common import load_npz
-
     try:
         return load_npz(name)
     except FileNotFoundError as exc:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.api.schemas import RequestModel
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import integrations as domain
+from service.domain.platforms import platform_for
 from service.errors import ERROR_RESPONSES, ErrorBody
 from service.labelstudio import IntegrationConfig
 from service.queue import JobQueue
@@ -189,7 +190,7 @@ def connect_labelstudio(
     run = domain.request_reconcile(session, queue_of(request), row, trigger="connect")
     response.headers["Location"] = f"/v1/pools/{pool}/integrations/{row.id}"
     return IntegrationConnected(
-        **domain.view(session, row),
+        **platform_for(row.kind).health(session, row),
         ml_backend_url=f"{base}/labelstudio/{row.id}/{secret}",
         secret=secret,
         reconcile=ReconcileOut(**domain.reconcile_view(run)),
@@ -199,13 +200,14 @@ def connect_labelstudio(
 @router.get("", response_model=IntegrationList, responses=ERROR_RESPONSES)
 def list_integrations(pool: str, session: SessionDep, tenant: TenantDep) -> IntegrationList:
     rows = domain.list_integrations(session, tenant.id, pool)
-    return IntegrationList(integrations=[IntegrationOut(**domain.view(session, r)) for r in rows])
+    return IntegrationList(integrations=[IntegrationOut(**platform_for(r.kind).health(session, r)) for r in rows])
 
 
 @router.get("/{integration_id}", response_model=IntegrationOut, responses=ERROR_RESPONSES)
 def get_integration(pool: str, integration_id: str, session: SessionDep, tenant: TenantDep) -> IntegrationOut:
     """The integration, with its status and the last error of an import, reconcile or webhook."""
-    return IntegrationOut(**domain.view(session, domain.get_integration(session, tenant.id, pool, integration_id)))
+    row = domain.get_integration(session, tenant.id, pool, integration_id)
+    return IntegrationOut(**platform_for(row.kind).health(session, row))
 
 
 @router.delete("/{integration_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERROR_RESPONSES)

@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 from service.deps import SessionDep, SettingsDep
 from service.domain import content
 from service.domain import integrations as domain
+from service.domain.platforms import platform_for
 from service.errors import ERROR_RESPONSES, BadRequest
 from service.headers import CONTENT_CSP
 from service.queue import JobQueue
@@ -142,7 +143,7 @@ def predict(
     integration_id: str, secret: str, body: PredictIn, request: Request, session: SessionDep, settings: SettingsDep
 ) -> PredictOut:
     integration = domain.authenticate(session, integration_id, secret)
-    results = domain.predict(session, _queue(request), settings, integration, body.tasks)
+    results = platform_for(integration.kind).predict(session, _queue(request), settings, integration, body.tasks)
     return PredictOut(results=[Prediction(**r) for r in results])
 
 
@@ -178,7 +179,7 @@ def predict_basic(
     authorization: Annotated[str | None, Header()] = None,
 ) -> PredictOut:
     integration = domain.authenticate(session, integration_id, _basic_secret(authorization))
-    results = domain.predict(session, _queue(request), settings, integration, body.tasks)
+    results = platform_for(integration.kind).predict(session, _queue(request), settings, integration, body.tasks)
     return PredictOut(results=[Prediction(**r) for r in results])
 
 
@@ -207,7 +208,7 @@ async def _webhook(
                 integration = domain.authenticate(session, integration_id, secret)
             else:
                 integration = domain.known_integration(session, integration_id)
-            out = domain.handle_webhook(
+            out = platform_for(integration.kind).handle_webhook(
                 session,
                 _queue(request),
                 integration,

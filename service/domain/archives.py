@@ -4,9 +4,9 @@ An .npz is a zip of .npy members: a few MB can declare gigabytes. :func:`read_np
 zip's central directory declares, parses each member's .npy header (shape and dtype: the bytes it will
 hold) and refuses (413 ``payload_too_large``) when either passes the budget; then it reads exactly the
 bytes the header promised and no more, so a member whose zip entry lies about its size is cut off at the
-declared size (and is then a 400: it does not hold the array its header describes). Parquet is checked
-row group by row group against the uncompressed sizes in its footer, and the decoded bytes are counted
-as they are read (:func:`read_parquet_columns`).
+declared size (and is then a 400: it does not hold the array its header describes). (Parquet uploads are
+checked against their footer and the decoded bytes as they stream: :class:`service.domain.ingest.ParquetBulkFile`.)
+:func:`read_npy_header` is the one .npy header parser of every upload path.
 
 These functions are CPU-bound: callers run them off the event loop (``run_in_threadpool``).
 """
@@ -17,11 +17,9 @@ import math
 import zipfile
 from collections.abc import Iterable
 from tokenize import TokenError
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from service.errors import BadRequest, InvalidFile, PayloadTooLarge
 
@@ -33,6 +31,27 @@ def too_large(what: str, size: int, budget: int) -> PayloadTooLarge:
         f"{what} inflates to {size:,} bytes, above the limit of {budget:,} bytes",
         {"limit_bytes": budget, "inflated_bytes": size},
     )
+
+
+def open_npz(
+    fileobj: IO[bytes], error: type[BadRequest] = InvalidFile
+) -> tuple[zipfile.ZipFile, dict[str, zipfile.ZipInfo]]:
+    """The archive of an .npz and its members by array name (every member must be a .npy array).
+
+    Raises:
+        BadRequest (``error``): not a zip, or a member that is not a .npy array.
+    """
+    try:
+        zf = zipfile.ZipFile(fileobj)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise error(f"not a readable .npz file (numpy.savez): {exc}") from exc
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in zf.infolist():
+        if not info.filename.endswith(".npy"):
+            zf.close()
+            raise error(f"the .npz holds {info.filename!r}, which is not a .npy array")
+        members[info.filename[: -len(".npy")]] = info
+    return zf, members
 
 
 def read_npz(
@@ -56,16 +75,8 @@ def read_npz(
         PayloadTooLarge: the declared or the actual inflated size passes ``budget``.
         BadRequest (``error``): not a zip, a member that is not a .npy array, object arrays, a truncated member.
     """
-    try:
-        zf = zipfile.ZipFile(fileobj)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise error(f"not a readable .npz file (numpy.savez): {exc}") from exc
+    zf, members = open_npz(fileobj, error)
     with zf:
-        members = {}
-        for info in zf.infolist():
-            if not info.filename.endswith(".npy"):
-                raise error(f"the .npz holds {info.filename!r}, which is not a .npy array")
-            members[info.filename[: -len(".npy")]] = info
         if allowed is not None:
             unknown = sorted(set(members) - set(allowed))
             if unknown:
@@ -87,17 +98,40 @@ def read_npz(
     return out
 
 
-def _read_npy(fp: IO[bytes], name: str, budget: int, error: type[BadRequest]) -> np.ndarray:
-    version = np.lib.format.read_magic(fp)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=10_000)
-    elif version in ((2, 0), (3, 0)):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=10_000)
-    else:
-        raise error(f"array {name!r}: unsupported .npy format version {version}")
+def read_npy_header(
+    fp: IO[bytes], name: str, error: type[BadRequest] = InvalidFile
+) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """``(shape, fortran_order, dtype)`` of an .npy member, read from its header alone: the one parser of
+    .npy headers for every upload (a header is at most 10,000 bytes; object arrays, which would unpickle,
+    are refused).
+
+    Raises:
+        BadRequest (``error``): not an .npy header, an unsupported format version, or object arrays.
+    """
+    try:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=10_000)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=10_000)
+        else:
+            raise error(f"array {name!r}: unsupported .npy format version {version}")
+    except (ValueError, SyntaxError, TokenError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        # a malformed header dict fails in numpy's tokenizer or literal_eval, not only with ValueError
+        raise error(f"cannot read array {name!r} of the .npz: {exc}") from exc
     if dtype.hasobject:
         raise error(f"array {name!r} holds Python objects (pickles are refused); save strings as a str dtype")
-    nbytes = math.prod(int(s) for s in shape) * dtype.itemsize  # Python ints: (2**40, 64) does not overflow
+    return tuple(int(s) for s in shape), bool(fortran), dtype
+
+
+def npy_nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
+    """Bytes an array of ``shape`` and ``dtype`` holds (Python ints: (2**40, 64) does not overflow)."""
+    return math.prod(shape) * dtype.itemsize
+
+
+def _read_npy(fp: IO[bytes], name: str, budget: int, error: type[BadRequest]) -> np.ndarray:
+    shape, fortran, dtype = read_npy_header(fp, name, error)
+    nbytes = npy_nbytes(shape, dtype)
     if nbytes > budget:
         raise too_large(f"array {name!r} (shape {list(shape)}, {dtype})", nbytes, budget)
     buf = bytearray(nbytes)
@@ -110,41 +144,3 @@ def _read_npy(fp: IO[bytes], name: str, budget: int, error: type[BadRequest]) ->
         got += n
     arr = np.frombuffer(buf, dtype=dtype)
     return arr.reshape(shape, order="F" if fortran else "C")
-
-
-def read_parquet_columns(fileobj: IO[bytes], columns: list[str], *, budget: int) -> pa.Table:
-    """Columns of a Parquet file, row group by row group, within ``budget`` decoded bytes.
-
-    Raises:
-        PayloadTooLarge: the footer's uncompressed sizes of the columns, or the bytes actually decoded,
-            pass ``budget``.
-        InvalidFile: not a readable Parquet file, or a missing column.
-    """
-    try:
-        pf = pq.ParquetFile(fileobj)
-        names = pf.schema_arrow.names
-        for name in columns:
-            if name not in names:
-                raise InvalidFile(f"Parquet file has no column {name!r} (columns: {names})", {"missing": name})
-        meta = pf.metadata
-        wanted = {i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] in columns}
-        declared = sum(
-            meta.row_group(g).column(i).total_uncompressed_size for g in range(meta.num_row_groups) for i in wanted
-        )
-        if declared > budget:
-            raise too_large("the Parquet file", declared, budget)
-        tables = []
-        used = 0
-        for g in range(meta.num_row_groups):
-            table = pf.read_row_group(g, columns=columns)
-            used += table.nbytes
-            if used > budget:  # footers can lie: count what was really decoded
-                raise too_large("the Parquet file", used, budget)
-            tables.append(table)
-    except (InvalidFile, PayloadTooLarge):
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InvalidFile(f"not a readable Parquet file: {exc}") from exc
-    if not tables:
-        return pf.schema_arrow.empty_table().select(columns)
-    return pa.concat_tables(tables)

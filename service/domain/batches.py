@@ -2,7 +2,7 @@
 
 A batch request is validated completely in the web process, before anything is written: size within
 what is available now, a strategy the pool's task supports, known parameters of the right types. The
-selection itself runs in a worker (``worker.jobs.run_batch``), which reserves the chosen items.
+selection itself runs in a worker (``worker.batch.run_batch``), which reserves the chosen items.
 
 Reproducibility: every batch has a seed in its ``params`` (the request's, or one drawn here and stored
 when the request gives none); the worker trains the head and runs the strategy with it and records the
@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service import catalog
 from service.domain import strategies
 from service.domain.pools import get_pool
 from service.errors import BadRequest, Conflict, NotFound
@@ -27,8 +28,6 @@ from service.store import batches as store
 from service.store.attempts import close_running
 from service.store.models import Batch, Pool
 
-REDELIVER = "worker.labelstudio.redeliver"
-RUN_BATCH = "worker.jobs.run_batch"
 CANCELLABLE = ("queued", "running", "succeeded")
 
 
@@ -93,7 +92,7 @@ def create_batch(
         if existing is None:
             raise
         return _same_request(existing, req), False
-    enqueue_on_commit(session, queue, RUN_BATCH, batch.id, batch_id=batch.id)
+    enqueue_on_commit(session, queue, catalog.RUN_BATCH, batch.id, batch_id=batch.id)
     return batch, True
 
 
@@ -138,7 +137,7 @@ def request_delivery(session: Session, queue: JobQueue, tenant_id: str, pool_id:
     batch = get_batch(session, tenant_id, pool_id, batch_id)
     if batch.status != "succeeded":
         raise Conflict(f"batch {batch_id!r} is {batch.status}; only a succeeded batch is delivered")
-    enqueue_on_commit(session, queue, REDELIVER, f"ls-deliver-{batch.id}", batch_id=batch.id)
+    enqueue_on_commit(session, queue, catalog.REDELIVER, f"ls-deliver-{batch.id}", batch_id=batch.id)
     return batch
 
 

@@ -7,14 +7,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service import catalog
 from service.config import Settings
 from service.domain.pools import get_pool
 from service.errors import BadRequest, Conflict, PayloadTooLarge, ServiceUnavailable
 from service.queue import JobFailed, JobQueue, JobTimeout
 from service.store import batches as store
 from service.store.models import new_id
-
-PREDICT = "worker.jobs.predict"
 
 
 def list_checkpoints(session: Session, tenant_id: str, pool_id: str, *, limit: int) -> list[dict[str, Any]]:
@@ -59,7 +58,7 @@ def run_predictions(queue: JobQueue, settings: Settings, pool_id: str, item_ids:
     """Run the prediction job and wait for it."""
     try:
         result: dict[str, Any] = queue.call(
-            PREDICT,
+            catalog.PREDICT,
             f"predict-{new_id()}",
             timeout=settings.sync_select_wait_seconds,
             pool_id=pool_id,

@@ -14,6 +14,7 @@ from service.domain import integrations as integrations_domain
 from service.domain import pools as pools_domain
 from service.domain import strategies
 from service.domain import webhooks as webhooks_domain
+from service.domain.platforms import platform_for
 from service.store import quality as store
 
 SNIPPET_CHARS = 280
@@ -53,7 +54,7 @@ def pool_page(
     dist = dict(store.label_distribution(session, pool.id))
     labels = [{"label": c, "count": int(dist.get(c, 0))} for c in pool.classes] if pool.classes else []
     batches = batches_domain.list_batches(session, tenant_id, pool.id, status=None, limit=batch_limit, before=None)
-    integrations = [integrations_domain.view(session, i) for i in integrations_domain.list_integrations(
+    integrations = [platform_for(i.kind).health(session, i) for i in integrations_domain.list_integrations(
         session, tenant_id, pool.id
     )] if admin else None  # fmt: skip
     deliveries: list[dict[str, Any]] = []

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service import catalog
 from service.config import Settings
 from service.domain.encoders import accepts_text, check_pool_encoder
 from service.domain.recovery import JobKind, Recovery, sweep
@@ -27,7 +28,6 @@ from service.urls import split_url
 
 log = logging.getLogger(__name__)
 
-RUN_EMBED = "worker.embed.run_embed"
 URI_SCHEMES = ("file", "http", "https")
 
 
@@ -90,7 +90,7 @@ def start_job(session: Session, queue: JobQueue, pool: Pool) -> EmbedJob:
     if job is not None:
         return job
     job = repo.add_job(session, pool.id, utcnow())
-    enqueue_on_commit(session, queue, RUN_EMBED, job.id, job_id=job.id)
+    enqueue_on_commit(session, queue, catalog.RUN_EMBED, job.id, job_id=job.id)
     return job
 
 
@@ -145,7 +145,7 @@ def job_view(job: EmbedJob) -> dict[str, Any]:
     }
 
 
-EMBED_JOB = JobKind(RUN_EMBED, "job_id")
+EMBED_JOB = JobKind(catalog.RUN_EMBED, "job_id")
 
 
 def recover_embed_jobs(

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service import catalog
 from service.errors import Conflict, EncoderRejected, InvalidFile, NotFound, PayloadTooLarge, ValidationFailed
 from service.sandbox import child_command, child_env
 from service.store import embedding as repo
@@ -31,9 +32,6 @@ from service.store.models import EncoderModel, Pool
 ZIP_MAGIC = b"PK\x03\x04"  # torch.jit.save writes a zip archive
 MINILM_DIM = 384
 ENCODER_KINDS = ("identity", "text-minilm", "torchscript")
-
-
-CHECK_MODULE = "worker.torchscript_check"
 
 
 def check_torchscript(data: bytes, *, timeout: float, memory_bytes: int) -> None:
@@ -46,7 +44,7 @@ def check_torchscript(data: bytes, *, timeout: float, memory_bytes: int) -> None
     """
     nonce = secrets.token_hex(16)  # the module cannot know it: its own prints cannot pose as the verdict
     cmd = child_command(
-        CHECK_MODULE, nonce, "--memory-bytes", str(memory_bytes), "--cpu-seconds", str(math.ceil(timeout))
+        catalog.TORCHSCRIPT_CHECK, nonce, "--memory-bytes", str(memory_bytes), "--cpu-seconds", str(math.ceil(timeout))
     )
     with tempfile.TemporaryDirectory(prefix="bait-check-") as tmp:
         out_path = Path(tmp) / "stdout"

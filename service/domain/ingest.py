@@ -11,11 +11,9 @@ sizes.
 from __future__ import annotations
 
 import contextlib
-import math
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from tokenize import TokenError
 from typing import IO, Any, Literal, Protocol, cast
 
 import numpy as np
@@ -128,24 +126,7 @@ class _Member:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(int(s) for s in self.shape) * self.dtype.itemsize  # Python ints: no overflow
-
-
-def _npy_header(fp: IO[bytes], name: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
-    try:
-        version = np.lib.format.read_magic(fp)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=10_000)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=10_000)
-        else:
-            raise InvalidFile(f"array {name!r}: unsupported .npy format version {version}")
-    except (ValueError, SyntaxError, TokenError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        # a malformed header dict fails in numpy's tokenizer or literal_eval, not only with ValueError
-        raise InvalidFile(f"cannot read array {name!r} of the .npz: {exc}") from exc
-    if dtype.hasobject:
-        raise InvalidFile(f"array {name!r} holds Python objects (pickles are refused); save strings as a str dtype")
-    return tuple(int(s) for s in shape), bool(fortran), dtype
+        return archives.npy_nbytes(self.shape, self.dtype)
 
 
 def _strings(arr: np.ndarray, name: str) -> list[str]:
@@ -164,15 +145,7 @@ class NpzFile:
     def __init__(
         self, fileobj: IO[bytes], ids_name: str, emb_name: str, data_name: str, data_required: bool, budget: int
     ) -> None:
-        try:
-            self.zf = zipfile.ZipFile(fileobj)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-            raise InvalidFile(f"not a readable .npz file (numpy.savez): {exc}") from exc
-        infos: dict[str, zipfile.ZipInfo] = {}
-        for info in self.zf.infolist():
-            if not info.filename.endswith(".npy"):
-                raise InvalidFile(f"the .npz holds {info.filename!r}, which is not a .npy array")
-            infos[info.filename[: -len(".npy")]] = info
+        self.zf, infos = archives.open_npz(fileobj)
         for name in (ids_name, emb_name):
             if name not in infos:
                 raise InvalidFile(f".npz has no array {name!r}", {"missing": name})
@@ -186,7 +159,7 @@ class NpzFile:
         used = 0
         for name in names:
             with self._open(infos[name]) as fp:
-                shape, fortran, dtype = _npy_header(fp, name)
+                shape, fortran, dtype = archives.read_npy_header(fp, name)
             member = _Member(name, infos[name], shape, fortran, dtype)
             if member.nbytes > budget - used:
                 raise archives.too_large(f"array {name!r} (shape {list(shape)}, {dtype})", member.nbytes, budget)
@@ -229,7 +202,7 @@ class NpzFile:
             streams: dict[str, IO[bytes]] = {}
             for member in members:
                 fp = stack.enter_context(self._open(member.info))
-                _npy_header(fp, member.name)  # past the header: the values follow
+                archives.read_npy_header(fp, member.name)  # past the header: the values follow
                 streams[member.name] = fp
             # A column-major matrix cannot be cut into rows as it streams: it is read whole (within the budget).
             whole: np.ndarray | None = None

@@ -10,11 +10,11 @@ stored and the secret is shown once, inside the ML-backend URL
 reconcile run is queued at connect: it adopts the project's tasks that carry item ids.
 
 Webhook work is queued (Label Studio waits one second for an answer and never retries): annotation
-created/updated events become a ``worker.labelstudio.apply_annotation`` job (applied once per annotation
+created/updated events become a ``worker.annotation.apply_annotation`` job (applied once per annotation
 id and updated time; an unauthenticated event is a hint read back from Label Studio), deletions a
 reconcile run (``ANNOTATIONS_DELETED`` carries only annotation ids; reconcile reads the project back), and
-``START_TRAINING`` a ``worker.labelstudio.train_requested`` job: the integration's ``auto_batch`` policy
-decides whether and when it becomes a batch.
+``START_TRAINING`` a ``worker.annotation.train_requested`` job: the integration's ``auto_batch`` policy
+(:mod:`service.domain.autobatch`) decides whether and when it becomes a batch.
 """
 
 from __future__ import annotations
@@ -29,10 +29,19 @@ from sqlalchemy.orm import Session
 
 from service import crypto
 from service import labelstudio as lsmod
+from service.catalog import APPLY_ANNOTATION, PREDICT, RECONCILE, TRAIN_REQUESTED
 from service.config import Settings
+from service.domain.autobatch import effective_auto_batch
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound, ServiceError, Unauthorized
-from service.labelstudio import IntegrationConfig, LabelStudioClient, LabelStudioError, Mapping, resolve_mapping
+from service.labelstudio import (
+    IntegrationConfig,
+    LabelStudioClient,
+    LabelStudioError,
+    Mapping,
+    prediction_result,
+    resolve_mapping,
+)
 from service.outbound import DestinationRefused, OutboundPolicy, check_destination
 from service.queue import JobFailed, JobQueue, JobTimeout, enqueue_on_commit
 from service.store import batches as batches_repo
@@ -42,10 +51,6 @@ from service.urls import http_url
 
 log = logging.getLogger(__name__)
 
-RECONCILE = "worker.labelstudio.run_reconcile"
-TRAIN_REQUESTED = "worker.labelstudio.train_requested"
-APPLY_ANNOTATION = "worker.labelstudio.apply_annotation"
-PREDICT = "worker.jobs.predict"
 ANNOTATION_EVENTS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
 DELETE_EVENTS = ("ANNOTATION_DELETED", "ANNOTATIONS_DELETED")
 
@@ -83,9 +88,6 @@ class ConnectRequest:
     config: IntegrationConfig
     verify: bool = True
     public_base: str | None = None  # this service's URL as Label Studio reaches it (for content links)
-
-
-AUTO_BATCH_WHEN = ("batch_done", "every_n_labels")
 
 
 def check_project(
@@ -133,27 +135,6 @@ def check_config(config: IntegrationConfig) -> dict[str, Any]:
     if clash:
         raise BadRequest(f"data_map: {clash} is reserved (our item id, batch id and rank go there)")
     return effective_auto_batch(config)
-
-
-def effective_auto_batch(config: IntegrationConfig) -> dict[str, Any]:
-    """``auto_batch`` with its defaults: ``{"size": batch_size, "when": "batch_done", "n": size}``.
-
-    Raises:
-        BadRequest: an unknown key, a size or n below 1, or an unknown ``when``.
-    """
-    given = dict(config.auto_batch or {})
-    unknown = sorted(set(given) - {"size", "when", "n"})
-    if unknown:
-        raise BadRequest(f"auto_batch: unknown key(s) {unknown}; it takes size, when and n")
-    size = given.get("size", config.batch_size)
-    when = given.get("when", "batch_done")
-    n = given.get("n", size)
-    if when not in AUTO_BATCH_WHEN:
-        raise BadRequest(f"auto_batch.when must be one of {list(AUTO_BATCH_WHEN)}, got {when!r}")
-    for name, v in (("size", size), ("n", n)):
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
-            raise BadRequest(f"auto_batch.{name} must be an integer from 1 to 1000000, got {v!r}")
-    return {"size": size, "when": when, "n": n}
 
 
 def connect_labelstudio(
@@ -343,8 +324,6 @@ def predict(
 ) -> list[dict[str, Any]]:
     """One prediction per task, in order: ``{"result", "score", "model_version"}`` (empty result for tasks
     that are not our items, or before the pool has a model)."""
-    from service.labelstudio import prediction_result
-
     config = IntegrationConfig.from_dict(integration.config or {})
     mapping = _mapping(integration)
     version = model_version(session, integration)

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import catalog
 from service.config import Settings
 from service.db import run_transaction
 from service.domain.embedding import recover_embed_jobs
@@ -30,15 +31,12 @@ from service.store import batches as store
 
 log = logging.getLogger(__name__)
 
-RUN_BATCH = "worker.jobs.run_batch"
-RUN_SELECT = "worker.jobs.run_select"
-
 
 def _release(session: Session, batch: Any, now: datetime) -> None:
     store.release_reservations(session, batch.id, now)
 
 
-BATCH = JobKind(RUN_BATCH, "batch_id", on_failed=_release)
+BATCH = JobKind(catalog.RUN_BATCH, "batch_id", on_failed=_release)
 
 
 def recover_jobs(factory: sessionmaker[Session], queue: JobQueue, settings: Settings, *, assume_dead: bool) -> Recovery:
@@ -69,13 +67,13 @@ def _recover_select_jobs(
     for job in store.active_select_jobs(session):
         if job.status == "queued":
             if lost_in_queue(job, queue, settings, now, assume_dead=assume_dead):
-                enqueue_on_commit(session, queue, RUN_SELECT, job.id, job_id=job.id)
+                enqueue_on_commit(session, queue, catalog.RUN_SELECT, job.id, job_id=job.id)
                 report.resubmitted.append(job.id)
             continue
         if assume_dead or (job.started_at or job.created_at) < timeout_before:
             if job.attempts < settings.job_max_attempts:
                 job.status = "queued"
-                enqueue_on_commit(session, queue, RUN_SELECT, job.id, replace=True, job_id=job.id)
+                enqueue_on_commit(session, queue, catalog.RUN_SELECT, job.id, replace=True, job_id=job.id)
                 report.requeued.append(job.id)
             else:
                 job.status = "failed"

@@ -31,16 +31,6 @@ REGRESSION_METRICS = ("rmse", "mae", "r2")
 _SHOWN = 10
 
 
-def check_validation_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``{"fraction": 0 < f < 1, "seed": int >= 0}`` or ``None`` (shape checked by the API schema)."""
-    if config is None:
-        return None
-    fraction = float(config["fraction"])
-    if not 0 < fraction < 1:
-        raise ValidationFailed("validation.fraction must lie strictly between 0 and 1", {"fraction": fraction})
-    return {"fraction": fraction, "seed": int(config.get("seed") or 0)}
-
-
 def held_out(seed: int, fraction: float, external_id: str) -> bool:
     """Whether the pool's random hold-out sends ``external_id`` to validation (deterministic)."""
     digest = hashlib.sha256(f"{seed}:{external_id}".encode()).digest()
@@ -83,10 +73,6 @@ def move_items(session: Session, pool: Pool, external_ids: Sequence[str], split:
 
 def splits(session: Session, internal_ids: Sequence[int]) -> dict[int, str]:
     return store.splits_of(session, internal_ids)
-
-
-def validation_counts(session: Session, pool_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-    return store.count_validation(session, pool_ids)
 
 
 def _strategy_before(batches: Sequence[Any], created: datetime | None) -> tuple[str | None, str | None]:

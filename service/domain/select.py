@@ -1,7 +1,7 @@
 """Stateless selection (``POST /v1/select``): arrays in, indices out.
 
 The arrays are validated here with numpy (shapes, NaN/inf, index ranges, batch size; no torch), stored
-with the job as ``.npz`` bytes, and selected on by ``worker.jobs.run_select``. Small requests
+with the job as ``.npz`` bytes, and selected on by ``worker.select_job.run_select``. Small requests
 (``n * d * max(k, 1) <= sync_select_max_cells``) wait for the job and answer with the result; larger
 ones answer 202 with a job to poll.
 """
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import catalog
 from service.config import Settings
 from service.db import session_scope
 from service.domain import strategies
@@ -25,7 +26,6 @@ from service.queue import JobQueue, enqueue_on_commit
 from service.store import batches as store
 from service.store.models import SelectJob
 
-RUN_SELECT = "worker.jobs.run_select"
 TASKS = ("classification", "regression")
 TERMINAL = ("succeeded", "failed")
 
@@ -162,7 +162,7 @@ def submit(
         session.add(job)
         session.flush()
         job_id = job.id
-        enqueue_on_commit(session, queue, RUN_SELECT, job_id, job_id=job_id)
+        enqueue_on_commit(session, queue, catalog.RUN_SELECT, job_id, job_id=job_id)
     return job_id, cells <= settings.sync_select_max_cells
 
 

@@ -391,10 +391,3 @@ def _prefilter_problem(value: Any) -> str | None:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
         return f"needs 'seed' as an integer in [0, {SEED_MAX}]"
     return None
-
-
-def split_seed(params: Mapping[str, Any]) -> tuple[int | None, dict[str, Any]]:
-    """``(seed, strategy params)`` from validated request params (service-level ones removed)."""
-    rest = {k: v for k, v in params.items() if k not in COMMON_PARAMS and k != coldstart.PARAM}
-    seed = params.get("seed")
-    return (None if seed is None else int(seed)), rest

@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service import crypto
+from service import catalog, crypto
 from service.config import Settings
 from service.domain.pools import get_pool
 from service.errors import BadRequest, NotFound
@@ -45,7 +45,6 @@ from service.urls import http_url
 log = logging.getLogger(__name__)
 
 EVENTS = ("batch.succeeded", "batch.failed")
-SWEEP = "worker.webhooks.sweep"
 SIGNATURE_TOLERANCE_S = 300
 
 
@@ -210,6 +209,6 @@ class SweepTicker:
         while not self._stop.wait(self.interval):
             try:
                 if not self.queue.is_pending("webhook-sweep"):
-                    self.queue.enqueue(SWEEP, "webhook-sweep")
+                    self.queue.enqueue(catalog.WEBHOOK_SWEEP, "webhook-sweep")
             except Exception:
                 log.warning("could not submit the webhook sweep; retrying in %.0f s", self.interval, exc_info=True)

@@ -55,22 +55,20 @@ def tombstones(session: Session, pool_id: str, after: int) -> list[tuple[int, in
     return [(int(r[0]), int(r[1])) for r in rows]
 
 
-def iter_selectable(
-    session: Session, pool_id: str, chunk: int = 8192, embeddings: bool = True
+def stream_selectable(
+    session: Session, pool_id: str, sql_columns: str, columns: Sequence[Any], chunk: int, cursor_name: str
 ) -> Iterator[Sequence[Any]]:
-    """Every selectable row of the pool ordered by id, in chunks of ``(id, external_id, embedding)``
-    (``embedding`` None throughout when ``embeddings`` is False: ids only, a fraction of the bytes).
-
-    On PostgreSQL the rows stream from a server-side cursor in binary format (``bytea`` as raw bytes).
-    """
+    """``columns`` of every selectable item of the pool (embedding ready, train split), ordered by id, in
+    chunks of rows. ``sql_columns`` is the same list in SQL, for PostgreSQL: there the rows stream from a
+    server-side cursor in binary format (``bytea`` arrives as raw bytes instead of hex text, which halves
+    the bytes on the wire and skips decoding them: 100,000 x 768 float32 in about 1.6 s instead of 4 s)."""
     conn = session.connection()
-    column = "embedding" if embeddings else "NULL::bytea"
     if conn.dialect.name == "postgresql":
         raw: Any = conn.connection.driver_connection
-        cursor = raw.cursor(name=f"pool_content_{uuid.uuid4().hex[:12]}", binary=True)
+        cursor = raw.cursor(name=f"{cursor_name}_{uuid.uuid4().hex[:12]}", binary=True)
         try:
             cursor.execute(
-                f"SELECT id, external_id, {column} FROM items "
+                f"SELECT {sql_columns} FROM items "
                 "WHERE pool_id = %s AND embedding_status = 'ready' AND split = 'train' ORDER BY id",
                 (pool_id,),
             )
@@ -79,16 +77,28 @@ def iter_selectable(
         finally:
             cursor.close()
         return
-    emb: Any = Item.embedding if embeddings else None
-    cols = [Item.id, Item.external_id] + ([emb] if embeddings else [])
     stmt = (
-        select(*cols)
+        select(*columns)
         .where(Item.pool_id == pool_id, Item.embedding_status == "ready", Item.split == "train")
         .order_by(Item.id)
         .execution_options(stream_results=True, yield_per=chunk)
     )
-    for part in session.execute(stmt).partitions(chunk):
-        yield part if embeddings else [(r[0], r[1], None) for r in part]
+    yield from session.execute(stmt).partitions(chunk)
+
+
+def iter_selectable(
+    session: Session, pool_id: str, chunk: int = 8192, embeddings: bool = True
+) -> Iterator[Sequence[Any]]:
+    """Every selectable row of the pool ordered by id, in chunks of ``(id, external_id, embedding)``
+    (``embedding`` None throughout when ``embeddings`` is False: ids only, a fraction of the bytes)."""
+    if embeddings:
+        yield from stream_selectable(
+            session, pool_id, "id, external_id, embedding", [Item.id, Item.external_id, Item.embedding], chunk,
+            "pool_content",
+        )  # fmt: skip
+        return
+    for part in stream_selectable(session, pool_id, "id, external_id", [Item.id, Item.external_id], chunk, "pool_ids"):
+        yield [(r[0], r[1], None) for r in part]
 
 
 def design(session: Session, pool_id: str) -> Sequence[Any]:

@@ -105,10 +105,6 @@ def mark_pending(session: Session, pool_id: str, *, only_errors: bool, now: date
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-def count_pending(session: Session, pool_id: str) -> int:
-    return count_embedding_status(session, [pool_id])[pool_id].get("pending", 0)
-
-
 def count_embedding_status(session: Session, pool_ids: Sequence[str]) -> dict[str, dict[str, int]]:
     """``{pool_id: {"ready", "pending", "error"}}``, zeros included (``service.store.counts``)."""
     return counts_repo.by_embedding_status(session, pool_ids, EMBEDDING_STATUSES)

@@ -43,8 +43,11 @@ def list_integrations(session: Session, pool_id: str) -> Sequence[Integration]:
     return session.execute(stmt).scalars().all()
 
 
-def pool_integration_ids(session: Session, pool_id: str, kind: str = "labelstudio") -> list[str]:
-    stmt = select(Integration.id).where(Integration.pool_id == pool_id, Integration.kind == kind)
+def pool_integration_ids(session: Session, pool_id: str, kind: str | None = None) -> list[str]:
+    """The pool's integrations (of one platform ``kind``, or of every platform), oldest first."""
+    stmt = select(Integration.id).where(Integration.pool_id == pool_id)
+    if kind is not None:
+        stmt = stmt.where(Integration.kind == kind)
     return [str(i) for i in session.execute(stmt.order_by(Integration.created_at)).scalars()]
 
 
@@ -56,6 +59,22 @@ def lock_integration(session: Session, integration_id: str) -> Integration | Non
             update(Integration).where(Integration.id == integration_id).values(updated_at=Integration.updated_at)
         )
     return get_integration_by_id(session, integration_id, for_update=True)
+
+
+def update_state(session: Session, integration_id: str, **changes: Any) -> dict[str, Any] | None:
+    """Merge ``changes`` into the integration's state under its lock (None values delete a key); returns
+    the new state (None: no such integration)."""
+    row = lock_integration(session, integration_id)
+    if row is None:
+        return None
+    state = dict(row.state or {})
+    for k, v in changes.items():
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+    row.state = state
+    return state
 
 
 def data_keys(session: Session, pool_id: str, sample: int = 1000) -> set[str]:

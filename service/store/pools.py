@@ -15,6 +15,15 @@ def get_pool(session: Session, tenant_id: str, pool_id: str) -> Pool | None:
     return session.execute(select(Pool).where(Pool.id == pool_id, Pool.tenant_id == tenant_id)).scalar_one_or_none()
 
 
+def lock_pool(session: Session, pool_id: str) -> Pool | None:
+    """The pool (any tenant's: for jobs), its row locked for the rest of the transaction (PostgreSQL;
+    SQLite has one writer at a time anyway)."""
+    pool = session.get(Pool, pool_id)
+    if pool is not None:
+        session.execute(select(Pool.id).where(Pool.id == pool_id).with_for_update())
+    return pool
+
+
 def get_pool_by_name(session: Session, tenant_id: str, name: str) -> Pool | None:
     return session.execute(select(Pool).where(Pool.tenant_id == tenant_id, Pool.name == name)).scalar_one_or_none()
 

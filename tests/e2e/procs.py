@@ -47,7 +47,7 @@ def bait_env(database_url: str, redis_url: str | None, queue_name: str, **extra:
 def bait(*args: str, env: dict[str, str], timeout: float = 120) -> str:
     """Run a `bait` command to completion; its stdout."""
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "bait.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
     assert out.returncode == 0, f"bait {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
     return out.stdout
@@ -61,7 +61,7 @@ class Proc:
         self.log = log
         self._fh = log.open("ab")
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", *args],
+            [sys.executable, "-m", "bait.cli", *args],
             env=env,
             cwd=ROOT,
             stdout=self._fh,

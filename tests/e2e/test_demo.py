@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.cli import main
+from bait.cli import main
 from service.demo import run_loop
 from tests.conftest import RunJobs
 

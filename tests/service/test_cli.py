@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, inspect
 
-from service.cli import main
+from bait.cli import main
 from service.config import Settings, get_settings
 from service.main import create_app
 from service.migrate import SchemaOutdated, current_revision, head_revision, upgrade

@@ -19,7 +19,8 @@ from tests.worker.factories import item_states, make_pool
 
 def _run_together(settings: Settings, batch_ids: list[str]) -> None:
     """Run the batch jobs in threads released at the same moment."""
-    from worker import context, jobs
+    from worker import batch as jobs
+    from worker import context
 
     context.configure(settings)
     barrier = threading.Barrier(len(batch_ids))

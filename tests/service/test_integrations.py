@@ -220,7 +220,7 @@ def test_batch_imported_as_tasks_once_with_predictions(
     }
     # importing the same batch again creates no task
     from worker import context
-    from worker.labelstudio import import_batch
+    from worker.annotation import push_batch as import_batch
 
     context.configure(client.app.state.settings)  # type: ignore[attr-defined]
     assert import_batch(created["id"], batch["id"]) is True

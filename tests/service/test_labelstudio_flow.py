@@ -402,7 +402,7 @@ def test_reconcile_before_a_batch_is_bounded_in_time(
     settings: Settings,
 ) -> None:
     from worker import context
-    from worker.labelstudio import before_batch
+    from worker.annotation import before_batch
 
     pool = make_pool(db, n=40, n_labeled=6)
     created = connect(client, auth, pool.pool_id, ls).json()

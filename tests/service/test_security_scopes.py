@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.cli import main as cli_main
+from bait.cli import main as cli_main
 from service.config import Settings, get_settings
 from service.db import session_scope
 from service.deps import get_tenant

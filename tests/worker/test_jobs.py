@@ -178,7 +178,7 @@ def test_restart_requeues_jobs_left_by_a_dead_process(
 def test_duplicate_delivery_runs_the_batch_once(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
 ) -> None:
-    from worker import jobs
+    from worker import batch as jobs
 
     pool = make_pool(db, n=30, n_labeled=5)
     created = client.post(f"/v1/pools/{pool.pool_id}/batches", json={"size": 4, "strategy": "random"}, headers=auth)
@@ -192,7 +192,7 @@ def test_duplicate_delivery_runs_the_batch_once(
 
 
 def test_job_of_a_missing_batch_fails_clearly(client: TestClient) -> None:
-    from worker import jobs
+    from worker import batch as jobs
 
     with pytest.raises(LookupError, match="batch nope does not exist"):
         jobs.run_batch("nope")
@@ -227,18 +227,18 @@ def test_progress_total_of_a_stage_never_changes_once_known(
 ) -> None:
     """Each stage's total is known when it starts or left 0 (unknown) until the stage's own code reports it;
     it never jumps mid-stage (select used to go 0/20 -> 9/62)."""
-    from worker import jobs
+    from worker import runtime
 
     writes: list[tuple[str, int, int]] = []
-    touch = jobs.store.touch_batch
+    touch = runtime.store.touch_batch
 
     def recording_touch(s: Session, batch_id: str, attempt: int, now: datetime, progress: Any = None) -> bool:
         if progress is not None:
             writes.append(progress)
         return touch(s, batch_id, attempt, now, progress)
 
-    monkeypatch.setattr(jobs.store, "touch_batch", recording_touch)
-    monkeypatch.setattr(jobs, "PROGRESS_EVERY_S", 0.0)  # record every report, not the throttled ones
+    monkeypatch.setattr(runtime.store, "touch_batch", recording_touch)
+    monkeypatch.setattr(runtime, "PROGRESS_EVERY_S", 0.0)  # record every report, not the throttled ones
     pool = make_pool(db, n=200, n_labeled=12)
     r = client.post(f"/v1/pools/{pool.pool_id}/batches", json={"size": 10, "strategy": strategy}, headers=auth)
     assert r.status_code == 202, r.text

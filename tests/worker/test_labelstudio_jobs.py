@@ -18,7 +18,8 @@ from tests.fake_labelstudio import TEXT_CONFIG, FakeLabelStudio, fake_labelstudi
 from tests.service.test_integrations import connect, give_text, item_label, run_batch
 from tests.worker.factories import make_pool
 from worker import context
-from worker.labelstudio import apply_annotation, import_batch, reconcile
+from worker.annotation import apply_annotation, reconcile
+from worker.annotation import push_batch as import_batch
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ def test_a_batch_trains_and_embeds_on_the_job_threads(
     two_threads: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from worker import jobs
+    from worker import batch as jobs
 
     seen: dict[str, int] = {}
     real_train, real_predict = jobs.train_head, jobs.head_predict

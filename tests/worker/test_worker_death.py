@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.catalog import RUN_BATCH
 from service.db import session_scope
-from service.domain.batches import RUN_BATCH
 from service.queue import make_queue
 from service.store.models import Batch, Checkpoint, Item, Pool
 from tests.conftest import REDIS_URL

@@ -1,5 +1,9 @@
 """The `bait` command line: serve, worker, migrate, keys create|list|revoke, demo.
 
+It composes the web process (:mod:`service`) and the worker process (:mod:`worker`), so it stands above
+both (``bait/``; an import-linter layers contract keeps it there): `bait serve` never imports the
+worker's numerics, `bait worker` imports them when it starts.
+
 Every command names the database it uses (on stderr) and, on a missing or outdated schema, prints one
 line saying what to run and exits with status 2. In embedded mode (SQLite) `bait serve` migrates by
 itself; with PostgreSQL the schema changes only through `bait migrate` (or `bait serve --migrate`).
@@ -8,7 +12,6 @@ itself; with PostgreSQL the schema changes only through `bait migrate` (or `bait
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 
@@ -96,10 +99,11 @@ def _cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         raise CommandError("`bait worker` needs BAIT_REDIS_URL (without it `bait serve` runs jobs in-process)")
     _announce(settings)
     _require_schema(settings)
-    # The worker process is where the numerics live; the web process never imports them.
-    worker_main = importlib.import_module("worker.rq_worker")
-    result: int = worker_main.run(settings, burst=args.burst, name=args.name)
-    return result
+    # Imported here, not at the top: the worker process is where the numerics (torch) load; `bait serve`,
+    # `bait migrate` and `bait keys` never import them. A plain import, so the import contracts see it.
+    from worker import rq_worker
+
+    return rq_worker.run(settings, burst=args.burst, name=args.name)
 
 
 def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:

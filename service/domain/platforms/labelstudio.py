@@ -1,25 +1,20 @@
-"""Label Studio jobs: push a batch's items as tasks, reconcile annotations back into labels, apply one
-annotation webhook, and the auto-batching policy.
+"""Label Studio, the first annotation platform (:class:`LabelStudioPlatform`).
 
-A batch job of a pool with integrations runs (see :mod:`worker.jobs`): :func:`before_batch` (reconcile
-every project, bounded in time, so selection sees every label), then train/select/store, then
-:func:`deliver` (push), then ``succeeded`` and the outgoing webhook.
-
-- :func:`import_batch`: the batch's items that have no task yet in the project become tasks; task data
-  comes from the item's content (:func:`service.labelstudio.build_task_data`: item ``data`` keys, renamed
-  by ``data_map``, the item's text or uri in ``data_field``, our id in ``id_field``, ``file://`` content
-  as a signed URL of ours) plus ``bait_batch`` and ``bait_rank``; the pool model's prediction rides along
-  as a pre-annotation. A :class:`~service.store.models.TaskLink` per task (unique per integration and
-  item) makes re-imports no-ops. Then the Data Manager view "bait: next batch" is pointed at the batch.
+- :func:`import_batch` (``push_batch``): the batch's items that have no task yet in the project become
+  tasks; task data comes from the item's content (:func:`service.labelstudio.build_task_data`: item
+  ``data`` keys, renamed by ``data_map``, the item's text or uri in ``data_field``, our id in ``id_field``,
+  ``file://`` content as a signed URL of ours) plus ``bait_batch`` and ``bait_rank``; the pool model's
+  prediction rides along as a pre-annotation. A :class:`~service.store.models.TaskLink` per task (unique
+  per integration and item) makes re-imports no-ops. Then the Data Manager view "bait: next batch" is
+  pointed at the batch.
 - :func:`reconcile`: reads every task of the project with its annotations and makes our labels match;
-  tasks carrying one of our item ids but no link (tasks the user imported, or links lost) are adopted,
-  so nothing is imported twice; annotations on tasks we cannot match are counted
-  (``unmatched_annotations`` on the integration).
-- :func:`apply_annotation`: an ``ANNOTATION_CREATED``/``UPDATED`` webhook (once per annotation id and
-  updated time); an unauthenticated hint is read back from Label Studio first.
-- :func:`train_requested` / :func:`evaluate_policy`: ``START_TRAINING`` marks a train request; a batch is
-  created when the integration's ``auto_batch`` policy allows it (never while one is queued or running),
-  checked again whenever a label arrives from Label Studio while a request is pending.
+  tasks carrying one of our item ids but no link (tasks the user imported, or links lost) are adopted, so
+  nothing is imported twice; annotations on tasks we cannot match are counted (``unmatched_annotations``
+  on the integration).
+- :func:`apply_annotation` (``apply_event``): an ``ANNOTATION_CREATED``/``UPDATED`` webhook (once per
+  annotation id and updated time); an unauthenticated hint is read back from Label Studio first.
+- The web side (connect, the ML backend's ``/predict``, webhook intake, the integration's view) is in
+  :mod:`service.domain.integrations`; the platform object hands those on.
 
 Failures (unreachable, token rejected, mapping that no longer fits) are written to the integration
 (``status: error``, ``last_error``) and, for an import, to the batch (``error`` and
@@ -30,17 +25,18 @@ Failures (unreachable, token rejected, mapping that no longer fits) are written 
 from __future__ import annotations
 
 import logging
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import crypto
+from service.config import Settings
 from service.db import session_scope
 from service.domain import content
+from service.domain import integrations as web
 from service.domain.labels import LabelWrite, delete_label, put_labels
+from service.domain.platforms.base import AnnotationPlatform, PlatformEnv
 from service.errors import ServiceError
 from service.labelstudio import (
     BATCH_FIELD,
@@ -59,10 +55,10 @@ from service.labelstudio import (
     result_to_label,
     shown_fields,
 )
+from service.queue import JobQueue
 from service.store import batches as batches_repo
 from service.store import integrations as repo
-from service.store.models import Batch, Integration, Pool, ReconcileRun
-from worker import context
+from service.store.models import Batch, Integration, Pool
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +68,54 @@ EVENT_MEMORY = timedelta(days=30)  # how long an applied annotation event is rem
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class LabelStudioPlatform(AnnotationPlatform):
+    """Label Studio as an annotation platform: tasks in a project, its ML-backend protocol, its webhooks."""
+
+    kind = "labelstudio"
+    title = "Label Studio"
+
+    def push_batch(self, env: PlatformEnv, integration_id: str, batch_id: str) -> bool:
+        return import_batch(env, integration_id, batch_id)
+
+    def reconcile(
+        self, env: PlatformEnv, integration_id: str, *, deadline: float | None = None, raise_errors: bool = False
+    ) -> dict[str, int] | None:
+        return reconcile(env, integration_id, deadline=deadline, raise_errors=raise_errors)
+
+    def apply_event(self, env: PlatformEnv, integration_id: str, event: dict[str, Any]) -> str:
+        return apply_annotation(env, integration_id, event)
+
+    def handle_webhook(
+        self,
+        session: Session,
+        queue: JobQueue,
+        integration: Integration,
+        payload: dict[str, Any],
+        *,
+        verified: bool,
+        hint_interval_s: float = 60.0,
+    ) -> dict[str, Any]:
+        return web.handle_webhook(
+            session, queue, integration, payload, verified=verified, hint_interval_s=hint_interval_s
+        )
+
+    def predict(
+        self,
+        session: Session,
+        queue: JobQueue,
+        settings: Settings,
+        integration: Integration,
+        tasks: list[dict[str, Any]],
+    ) -> list[dict[str, Any]]:
+        return web.predict(session, queue, settings, integration, tasks)
+
+    def health(self, session: Session, integration: Integration) -> dict[str, Any]:
+        return web.view(session, integration)
+
+    def describe_error(self, exc: BaseException) -> str:
+        return _describe(exc)
 
 
 class _Conn:
@@ -94,9 +138,8 @@ class _Conn:
         self.label_config = ""
 
 
-def _load(factory: sessionmaker[Session], integration_id: str) -> _Conn | None:
-    env = context.env()
-    with session_scope(factory) as s:
+def _load(env: PlatformEnv, integration_id: str) -> _Conn | None:
+    with session_scope(env.sessionmaker) as s:
         integration = repo.get_integration_by_id(s, integration_id)
         if integration is None:
             return None
@@ -106,8 +149,8 @@ def _load(factory: sessionmaker[Session], integration_id: str) -> _Conn | None:
         return _Conn(integration, pool, token)
 
 
-def _client(conn: _Conn) -> LabelStudioClient:
-    return LabelStudioClient.from_settings(conn.url, conn.token, context.env().settings)
+def _client(env: PlatformEnv, conn: _Conn) -> LabelStudioClient:
+    return LabelStudioClient.from_settings(conn.url, conn.token, env.settings)
 
 
 def _refresh_mapping(factory: sessionmaker[Session], conn: _Conn, ls: LabelStudioClient) -> Mapping:
@@ -137,90 +180,15 @@ def _record(factory: sessionmaker[Session], integration_id: str, error: str | No
             row.last_synced_at = now
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: BaseException) -> str:
     if isinstance(exc, LabelStudioError | crypto.SecretKeyError | ServiceError):
         return str(exc)
     return f"internal error: {type(exc).__name__}: {exc}"
 
 
-def _state_update(s: Session, integration_id: str, **changes: Any) -> dict[str, Any] | None:
-    """Merge ``changes`` into the integration's state under its lock (None values delete a key)."""
-    row = repo.lock_integration(s, integration_id)
-    if row is None:
-        return None
-    state = dict(row.state or {})
-    for k, v in changes.items():
-        if v is None:
-            state.pop(k, None)
-        else:
-            state[k] = v
-    row.state = state
-    return state
-
-
 # --------------------------------------------------------------------------------------------------
-# Around a batch: reconcile first, push after
+# Push a batch as tasks
 # --------------------------------------------------------------------------------------------------
-
-
-def has_integrations(s: Session, pool_id: str) -> bool:
-    return bool(repo.pool_integration_ids(s, pool_id))
-
-
-def before_batch(pool_id: str, budget_s: float) -> list[str]:
-    """Reconcile every Label Studio project of the pool, within ``budget_s`` in all; returns warnings
-    (a reconcile that failed or ran out of time; the batch goes on with the labels it has)."""
-    env = context.env()
-    with session_scope(env.sessionmaker) as s:
-        ids = repo.pool_integration_ids(s, pool_id)
-    warnings: list[str] = []
-    deadline = time.monotonic() + budget_s
-    for integration_id in ids:
-        with session_scope(env.sessionmaker) as s:
-            run = ReconcileRun(integration_id=integration_id, trigger="batch", status="queued", created_at=utcnow())
-            s.add(run)
-            s.flush()
-            run_id = run.id
-        run_reconcile(run_id, deadline=deadline)
-        with session_scope(env.sessionmaker) as s:
-            done = s.get(ReconcileRun, run_id)
-            if done is not None and done.status != "succeeded":
-                warnings.append(f"reconcile of integration {integration_id} before selection: {done.error}")
-    return warnings
-
-
-def deliver(batch_id: str) -> str | None:
-    """Push the batch into every Label Studio project of its pool; returns ``delivered`` | ``failed``
-    (None: the pool has no integration)."""
-    env = context.env()
-    with session_scope(env.sessionmaker) as s:
-        batch = batches_repo.get_batch_by_id(s, batch_id)
-        if batch is None:
-            return None
-        integration_ids = repo.pool_integration_ids(s, batch.pool_id)
-    if not integration_ids:
-        return None
-    ok = [import_batch(i, batch_id) for i in integration_ids]
-    return "delivered" if all(ok) else "failed"
-
-
-def redeliver(batch_id: str) -> str | None:
-    """The retry endpoint's job: reconcile first (tasks imported meanwhile are adopted, not duplicated),
-    then push the succeeded batch's items that have no task yet."""
-    env = context.env()
-    with session_scope(env.sessionmaker) as s:
-        batch = batches_repo.get_batch_by_id(s, batch_id)
-        if batch is None or batch.status != "succeeded":
-            return None
-        pool_id = batch.pool_id
-    before_batch(pool_id, env.settings.labelstudio_reconcile_budget_seconds)
-    outcome = deliver(batch_id)
-    if outcome == "delivered":
-        with session_scope(env.sessionmaker) as s:
-            batch = s.get(Batch, batch_id)
-            if batch is not None and (batch.error or "").startswith("Label Studio import failed"):
-                batch.error = None
-    return outcome
 
 
 def _note_on_batch(factory: sessionmaker[Session], batch_id: str, integration_id: str, info: dict[str, Any]) -> None:
@@ -237,12 +205,11 @@ def _note_on_batch(factory: sessionmaker[Session], batch_id: str, integration_id
             batch.error = f"Label Studio import failed (integration {integration_id}): {info['error']}"
 
 
-def import_batch(integration_id: str, batch_id: str) -> bool:
+def import_batch(env: PlatformEnv, integration_id: str, batch_id: str) -> bool:
     """Import the batch's items not yet in the project; True when it went through."""
-    env = context.env()
     factory = env.sessionmaker
     try:
-        conn = _load(factory, integration_id)
+        conn = _load(env, integration_id)
         if conn is None:
             return False
         with session_scope(factory) as s:
@@ -255,10 +222,10 @@ def import_batch(integration_id: str, batch_id: str) -> bool:
             checkpoint_id = batch.checkpoint_id
         todo = [r for r in rows if r[0] not in linked]
         imported = 0
-        with _client(conn) as ls:
+        with _client(env, conn) as ls:
             mapping = _refresh_mapping(factory, conn, ls)
             with_model = conn.config.predictions and checkpoint_id is not None
-            predictions = _predictions(conn, [r[1] for r in todo]) if with_model and todo else {}
+            predictions = _predictions(env, conn, [r[1] for r in todo]) if with_model and todo else {}
             base = conn.public_base or env.settings.public_url or ""
             shown = shown_fields(conn.label_config)
             for begin in range(0, len(todo), IMPORT_CHUNK):
@@ -355,16 +322,14 @@ def _update_view(factory: sessionmaker[Session], conn: _Conn, ls: LabelStudioCli
         new_id = ls.save_view(conn.project_id, None, data)  # the user deleted it: make it again
     if new_id != view_id:
         with session_scope(factory) as s:
-            _state_update(s, conn.id, view_id=new_id)
+            repo.update_state(s, conn.id, view_id=new_id)
     return new_id
 
 
-def _predictions(conn: _Conn, ext_ids: list[str]) -> dict[str, dict[str, Any]]:
+def _predictions(env: PlatformEnv, conn: _Conn, ext_ids: list[str]) -> dict[str, dict[str, Any]]:
     if not ext_ids:
         return {}
-    from worker.jobs import predict
-
-    out = predict(conn.pool_id, ext_ids)
+    out = env.predict(conn.pool_id, ext_ids)
     version = str(out["checkpoint_id"])
     return {p["item_id"]: {**p, "model_version": version} for p in out["predictions"]}
 
@@ -383,7 +348,7 @@ def _task(mapping: Mapping, data: dict[str, Any], prediction: dict[str, Any] | N
 
 
 # --------------------------------------------------------------------------------------------------
-# Reconcile and webhook events
+# Reconcile and annotation events
 # --------------------------------------------------------------------------------------------------
 
 
@@ -403,43 +368,15 @@ def _write(s: Session, pool: Pool, item_ext: str, want: LabelValue, annotator: s
     )
 
 
-def run_reconcile(run_id: str, deadline: float | None = None) -> dict[str, int] | None:
-    """A reconcile run (a readable job): ``queued -> running -> succeeded | failed`` with its counts."""
-    env = context.env()
-    factory = env.sessionmaker
-    with session_scope(factory) as s:
-        run = s.get(ReconcileRun, run_id)
-        if run is None or run.status != "queued":
-            return None
-        run.status = "running"
-        run.started_at = utcnow()
-        integration_id = run.integration_id
-    error: str | None = None
-    counts: dict[str, int] | None = None
-    try:
-        counts = reconcile(integration_id, deadline=deadline, raise_errors=True)
-    except Exception as exc:
-        error = _describe(exc)
-    with session_scope(factory) as s:
-        run = s.get(ReconcileRun, run_id)
-        if run is not None:
-            run.status = "failed" if error else "succeeded"
-            run.error = error
-            run.counts = counts
-            run.finished_at = utcnow()
-    if error is None:
-        evaluate_policy(integration_id)
-    return counts
-
-
-def reconcile(integration_id: str, deadline: float | None = None, raise_errors: bool = False) -> dict[str, int] | None:
+def reconcile(
+    env: PlatformEnv, integration_id: str, deadline: float | None = None, raise_errors: bool = False
+) -> dict[str, int] | None:
     """Make the pool's labels match the annotations in the project; returns counts (None: no integration).
 
     Counts: ``tasks``, ``written``, ``removed``, ``unchanged``, ``adopted`` (tasks carrying one of our item
     ids linked now), ``unknown`` (tasks carrying an id that is no item of the pool), ``ambiguous``
     (further tasks of an item that already has one), ``unmatched`` (annotated tasks we cannot match).
     """
-    env = context.env()
     factory = env.sessionmaker
     counts = {
         "tasks": 0,
@@ -453,10 +390,10 @@ def reconcile(integration_id: str, deadline: float | None = None, raise_errors: 
     }
     errors: list[str] = []
     try:
-        conn = _load(factory, integration_id)
+        conn = _load(env, integration_id)
         if conn is None:
             return None
-        with _client(conn) as ls:
+        with _client(env, conn) as ls:
             mapping = _refresh_mapping(factory, conn, ls)
             tasks = ls.tasks(conn.project_id, deadline=deadline)
         counts["tasks"] = len(tasks)
@@ -517,7 +454,7 @@ def reconcile(integration_id: str, deadline: float | None = None, raise_errors: 
                 counts["written"] += 1
             adoption = {k: counts[k] for k in ("adopted", "unknown", "ambiguous")}
             adoption["linked"] = len(links)
-            _state_update(s, integration_id, adoption=adoption, unmatched_annotations=counts["unmatched"])
+            repo.update_state(s, integration_id, adoption=adoption, unmatched_annotations=counts["unmatched"])
             repo.prune_events(s, integration_id, utcnow() - EVENT_MEMORY)
     except Exception as exc:
         message = _describe(exc)
@@ -534,9 +471,9 @@ def reconcile(integration_id: str, deadline: float | None = None, raise_errors: 
     return counts
 
 
-def _verified_event(conn: _Conn, event: dict[str, Any]) -> dict[str, Any] | None:
+def _verified_event(env: PlatformEnv, conn: _Conn, event: dict[str, Any]) -> dict[str, Any] | None:
     """An unauthenticated hint made into an event from what Label Studio says (None: no such annotation)."""
-    with _client(conn) as ls:
+    with _client(env, conn) as ls:
         annotation = ls.annotation(int(event["annotation_id"]))
     if annotation is None:
         return None
@@ -554,22 +491,22 @@ def _verified_event(conn: _Conn, event: dict[str, Any]) -> dict[str, Any] | None
     }
 
 
-def apply_annotation(integration_id: str, event: dict[str, Any]) -> str:
-    """Write the label of one ``ANNOTATION_CREATED``/``UPDATED`` webhook; returns what happened."""
-    env = context.env()
+def apply_annotation(env: PlatformEnv, integration_id: str, event: dict[str, Any]) -> str:
+    """Write the label of one ``ANNOTATION_CREATED``/``UPDATED`` webhook; returns what happened (``written``
+    when a label was written or changed)."""
     factory = env.sessionmaker
     try:
-        conn = _load(factory, integration_id)
+        conn = _load(env, integration_id)
         if conn is None:
             return "no integration"
         if event.get("verify"):
-            verified = _verified_event(conn, event)
+            verified = _verified_event(env, conn, event)
             if verified is None:
                 return "no such annotation in Label Studio"
             event = verified
         mapping = conn.mapping
         if mapping is None:
-            with _client(conn) as ls:
+            with _client(env, conn) as ls:
                 mapping = _refresh_mapping(factory, conn, ls)
         annotation = event.get("annotation") or {}
         task_id = int(event["task_id"])
@@ -607,107 +544,4 @@ def apply_annotation(integration_id: str, event: dict[str, Any]) -> str:
         log.warning("Label Studio webhook for integration %s failed: %s", integration_id, message)
         _record(factory, integration_id, f"webhook {event.get('action')}: {message}")
         return f"error: {message}"
-    evaluate_policy(integration_id)
     return "written"
-
-
-# --------------------------------------------------------------------------------------------------
-# Auto-batching policy
-# --------------------------------------------------------------------------------------------------
-
-
-def train_requested(integration_id: str) -> str | None:
-    """``START_TRAINING``: note the request, then create a batch if the policy allows it now."""
-    env = context.env()
-    with session_scope(env.sessionmaker) as s:
-        if _state_update(s, integration_id, train_requested_at=utcnow().isoformat()) is None:
-            return None
-    return evaluate_policy(integration_id)
-
-
-def _policy_allows(s: Session, integration: Integration, policy: dict[str, Any], now: datetime) -> str | None:
-    """Why a new batch may not be created now (None: it may)."""
-    if repo.active_batches(s, integration.pool_id):
-        return "a batch of the pool is queued or running"
-    last = repo.latest_linked_batch(s, integration.id)
-    if last is None:
-        return None
-    if policy["when"] == "batch_done":
-        left = repo.open_items_of_batch(s, last, now)
-        return f"{left} item(s) of batch {last.id} are not labeled yet" if left else None
-    n = repo.labels_since(s, integration.pool_id, last.created_at)
-    return f"{n} of {policy['n']} labels since batch {last.id}" if n < int(policy["n"]) else None
-
-
-def evaluate_policy(integration_id: str) -> str | None:
-    """Create (and run here) the next batch when a train request is pending and the integration's
-    ``auto_batch`` policy allows it; returns the batch id (None: no batch now)."""
-    env = context.env()
-    factory = env.sessionmaker
-    from service.domain import batches as batches_domain
-    from service.domain.integrations import effective_auto_batch
-
-    batch_id: str | None = None
-    with session_scope(factory) as s:
-        integration = repo.get_integration_by_id(s, integration_id)
-        if integration is None or not (integration.state or {}).get("train_requested_at"):
-            return None
-        integration = repo.lock_integration(s, integration_id)
-        assert integration is not None
-        if not (integration.state or {}).get("train_requested_at"):
-            return None
-        config = IntegrationConfig.from_dict(integration.config or {})
-        try:
-            policy = effective_auto_batch(config)
-        except ServiceError:
-            policy = {"size": config.batch_size, "when": "batch_done", "n": config.batch_size}
-        now = utcnow()
-        pool = s.get(Pool, integration.pool_id)
-        assert pool is not None
-        # one auto-batch decision at a time per pool (the integration row is locked too)
-        s.execute(select(Pool.id).where(Pool.id == pool.id).with_for_update())
-        reason = _policy_allows(s, integration, policy, now)
-        if reason is not None:
-            log.info("integration %s: no new batch yet (%s)", integration_id, reason)
-            return None
-        size = min(int(policy["size"]), batches_repo.count_available(s, pool.id, now))
-        state = dict(integration.state or {})
-        state.pop("train_requested_at", None)
-        if size < 1:
-            integration.state = state
-            return None
-        try:
-            batch = batches_domain.new_batch_row(
-                s, pool, batches_domain.BatchRequest(size=size, strategy=config.strategy, params={}), now
-            )
-        except ServiceError as exc:
-            integration.state = state
-            integration.status = "error"
-            integration.last_error = f"START_TRAINING: could not request a batch: {exc.message}"
-            return None
-        state["last_auto_batch"] = batch.id
-        integration.state = state
-        batch_id = batch.id
-    log.info("integration %s: auto batch %s (%s)", integration_id, batch_id, policy)
-    _submit_batch(batch_id)
-    return batch_id
-
-
-def _submit_batch(batch_id: str) -> None:
-    """Run a batch this job created: on Redis, as its own RQ job (any worker takes it); with the
-    in-process runner, here and now (jobs run one after another there anyway)."""
-    settings = context.env().settings
-    if settings.redis_url:
-        from service.queue import RQQueue
-
-        queue = RQQueue(settings)
-        try:
-            queue.enqueue("worker.jobs.run_batch", batch_id, batch_id=batch_id)
-            return
-        except Exception:
-            log.exception("could not submit batch %s to Redis; running it here", batch_id)
-        finally:
-            queue.stop()
-    from worker.jobs import run_batch
-
-    run_batch(batch_id)

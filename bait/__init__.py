@@ -1,0 +1,1 @@
+"""The `bait` command (:mod:`bait.cli`): the composition root above :mod:`service` and :mod:`worker`."""

@@ -1,0 +1,123 @@
+"""The auto-batch policy of an annotation-platform integration: when a train request becomes a batch.
+
+A platform asks for training (Label Studio's ``START_TRAINING``): :func:`request_training` notes the
+request on the integration. :func:`evaluate` then creates the next batch when a request is pending and
+the integration's ``auto_batch`` policy allows it, and submits its job once the transaction commits; it
+is asked again whenever a label arrives from the platform (an annotation, a reconcile) while a request
+is pending.
+
+The policy (:func:`effective_auto_batch`): ``{"size", "when", "n"}``; never while a batch of the pool is
+queued or running; after the last auto batch, ``when = "batch_done"`` waits until its items are all
+labeled, ``when = "every_n_labels"`` until ``n`` labels arrived since it was created.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service import catalog
+from service.domain.batches import BatchRequest, new_batch_row
+from service.errors import BadRequest, ServiceError
+from service.labelstudio import IntegrationConfig
+from service.queue import JobQueue, enqueue_on_commit
+from service.store import batches as batches_repo
+from service.store import integrations as repo
+from service.store import pools as pools_repo
+from service.store.models import Integration
+
+log = logging.getLogger(__name__)
+
+AUTO_BATCH_WHEN = ("batch_done", "every_n_labels")
+
+
+def effective_auto_batch(config: IntegrationConfig) -> dict[str, Any]:
+    """``auto_batch`` with its defaults: ``{"size": batch_size, "when": "batch_done", "n": size}``.
+
+    Raises:
+        BadRequest: an unknown key, a size or n below 1, or an unknown ``when``.
+    """
+    given = dict(config.auto_batch or {})
+    unknown = sorted(set(given) - {"size", "when", "n"})
+    if unknown:
+        raise BadRequest(f"auto_batch: unknown key(s) {unknown}; it takes size, when and n")
+    size = given.get("size", config.batch_size)
+    when = given.get("when", "batch_done")
+    n = given.get("n", size)
+    if when not in AUTO_BATCH_WHEN:
+        raise BadRequest(f"auto_batch.when must be one of {list(AUTO_BATCH_WHEN)}, got {when!r}")
+    for name, v in (("size", size), ("n", n)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
+            raise BadRequest(f"auto_batch.{name} must be an integer from 1 to 1000000, got {v!r}")
+    return {"size": size, "when": when, "n": n}
+
+
+def request_training(session: Session, integration_id: str, now: datetime) -> bool:
+    """Note a train request on the integration (False: there is no such integration)."""
+    return repo.update_state(session, integration_id, train_requested_at=now.isoformat()) is not None
+
+
+def train_pending(session: Session, integration_id: str) -> bool:
+    """Whether a train request of the integration waits for its batch."""
+    integration = repo.get_integration_by_id(session, integration_id)
+    return integration is not None and bool((integration.state or {}).get("train_requested_at"))
+
+
+def blocked_by(session: Session, integration: Integration, policy: dict[str, Any], now: datetime) -> str | None:
+    """Why a new batch may not be created now (None: it may)."""
+    if repo.active_batches(session, integration.pool_id):
+        return "a batch of the pool is queued or running"
+    last = repo.latest_linked_batch(session, integration.id)
+    if last is None:
+        return None
+    if policy["when"] == "batch_done":
+        left = repo.open_items_of_batch(session, last, now)
+        return f"{left} item(s) of batch {last.id} are not labeled yet" if left else None
+    n = repo.labels_since(session, integration.pool_id, last.created_at)
+    return f"{n} of {policy['n']} labels since batch {last.id}" if n < int(policy["n"]) else None
+
+
+def evaluate(session: Session, queue: JobQueue, integration_id: str, now: datetime) -> str | None:
+    """Create the next batch when a train request is pending and the policy allows it; its job is submitted
+    to ``queue`` once ``session`` commits. Returns the batch id (None: no batch now).
+
+    A batch that cannot be requested (say, the configured strategy no longer fits the pool) clears the
+    request and puts the error on the integration.
+    """
+    if not train_pending(session, integration_id):
+        return None
+    integration = repo.lock_integration(session, integration_id)
+    if integration is None or not (integration.state or {}).get("train_requested_at"):
+        return None
+    config = IntegrationConfig.from_dict(integration.config or {})
+    try:
+        policy = effective_auto_batch(config)
+    except ServiceError:
+        policy = {"size": config.batch_size, "when": "batch_done", "n": config.batch_size}
+    pool = pools_repo.lock_pool(session, integration.pool_id)  # one auto-batch decision at a time per pool
+    assert pool is not None
+    reason = blocked_by(session, integration, policy, now)
+    if reason is not None:
+        log.info("integration %s: no new batch yet (%s)", integration_id, reason)
+        return None
+    size = min(int(policy["size"]), batches_repo.count_available(session, pool.id, now))
+    state = dict(integration.state or {})
+    state.pop("train_requested_at", None)
+    if size < 1:
+        integration.state = state
+        return None
+    try:
+        batch = new_batch_row(session, pool, BatchRequest(size=size, strategy=config.strategy, params={}), now)
+    except ServiceError as exc:
+        integration.state = state
+        integration.status = "error"
+        integration.last_error = f"START_TRAINING: could not request a batch: {exc.message}"
+        return None
+    state["last_auto_batch"] = batch.id
+    integration.state = state
+    enqueue_on_commit(session, queue, catalog.RUN_BATCH, batch.id, batch_id=batch.id)
+    log.info("integration %s: auto batch %s (%s)", integration_id, batch.id, policy)
+    return batch.id
