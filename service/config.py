@@ -249,7 +249,7 @@ class Settings(BaseSettings):
         # Only local folders work so far; file:// names one. Resolved once so every process names the same folder.
         path = v.removeprefix("file://")
         if "://" in path:
-            raise ValueError("BAIT_POOL_STORE must be a local folder or a file:// URL (other stores are not supported yet)")
+            raise ValueError("BAIT_POOL_STORE must be a local folder or a file:// URL (no other store yet)")
         return str(Path(path).expanduser().resolve())
 
     @field_validator("worker_cache_dir", mode="before")
