@@ -27,7 +27,9 @@ def _pool(n: int, d: int, dtype: type, duplicates: bool = False) -> tuple[np.nda
 
 
 def _head(X: np.ndarray, y: np.ndarray, labeled: np.ndarray, kind: str) -> TrainedHead:
-    config = HeadConfig(input_dim=X.shape[1], n_outputs=3, task="classification", kind=kind, max_epochs=30)
+    config = HeadConfig.from_dict(
+        {"input_dim": X.shape[1], "n_outputs": 3, "task": "classification", "kind": kind, "max_epochs": 30}
+    )
     return train_head(config, X[labeled], y[labeled], device="cpu", seed=1)
 
 
