@@ -331,6 +331,15 @@ def _fail_batch(factory: sessionmaker[Session], batch_id: str, attempt: int, mes
 
 
 def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker, device: str, ttl_s: int) -> None:
+    # ---- issue 26 hook: distributed selection (worker/distributed_batch.py). With BAIT_DASK_SCHEDULER set,
+    # random/margin/confidence/entropy run on the Dask cluster there (None: done); every other batch runs below,
+    # as before, and `engine` ({"engine": "local", ...}) goes into its diagnostics.
+    from worker import distributed_batch
+
+    engine = distributed_batch.run(spec, factory, tracker, device, ttl_s)
+    if engine is None:
+        return
+    # ---- end of the issue 26 hook
     timings: dict[str, float] = {"queued": spec.queued_for}
     t0 = time.perf_counter()
 
@@ -389,6 +398,7 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
     # next batch on the pool selects only after that commit, so a batch runs its selection once.
     params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
     chosen: dict[str, Any] = {"strategy_requested": spec.strategy, "strategy_used": strategy, "cold_start": None}
+    chosen.update(engine)  # issue 26: where the batch ran
     if cold is not None:
         chosen.update(cold_start=cold.as_dict(), note=coldstart.note(spec.strategy, strategy, cold))
     timings.update(lock_wait=0.0, select=0.0, store=0.0)

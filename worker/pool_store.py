@@ -126,25 +126,46 @@ def read_manifest(root: Path, pool_id: str, version: int) -> Manifest | None:
     return Manifest(str(meta["pool_id"]), int(meta["version"]), int(meta["d"]), int(meta["rows"]), shards, folder)
 
 
-def read_shard(path: str) -> tuple[np.ndarray, list[str], np.ndarray, int]:
+COLUMNS = ("item_id", "external_id", "embedding")
+
+
+def read_shard(path: str, embeddings: bool = True) -> tuple[np.ndarray, list[str], np.ndarray, int]:
     """One shard's rows: ``(item_ids (m,) int64, external ids, X m x d float32, bytes read)``.
+
+    Args:
+        path: the shard's file.
+        embeddings: False reads the id columns only (``X`` is then ``m x 0``).
+
+    Returns:
+        The rows, and the compressed bytes of the column chunks read (the whole file's size when all are).
 
     Raises:
         StoreError: the file is missing or not a shard of the store (the message names it).
     """
+    columns = list(COLUMNS if embeddings else COLUMNS[:2])
     try:
-        table = pq.read_table(path)
+        parquet = pq.ParquetFile(path)
+        names = parquet.schema_arrow.names
+        if names != list(COLUMNS):
+            raise StoreError(f"pool store shard {path} has columns {names}, expected {', '.join(COLUMNS)}")
+        table = parquet.read(columns=columns)
+        meta = parquet.metadata
+        nbytes = sum(
+            meta.row_group(g).column(c).total_compressed_size
+            for g in range(meta.num_row_groups)
+            for c in range(meta.num_columns)
+            if meta.row_group(g).column(c).path_in_schema.split(".")[0] in columns
+        )
     except (OSError, pa.ArrowInvalid) as exc:
         raise StoreError(f"pool store shard {path} cannot be read: {exc}") from None
-    names = table.column_names
-    if names != ["item_id", "external_id", "embedding"]:
-        raise StoreError(f"pool store shard {path} has columns {names}, expected item_id, external_id, embedding")
     ids = table.column("item_id").to_numpy().astype(np.int64, copy=False)
+    external_ids = table.column("external_id").to_pylist()
+    if not embeddings:
+        return ids, external_ids, np.empty((len(table), 0), dtype=np.float32), int(nbytes)
     emb = table.column("embedding").combine_chunks()
     d = emb.type.list_size
     X = emb.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(len(table), d)
-    external_ids = table.column("external_id").to_pylist()
-    return ids, external_ids, X, int(os.path.getsize(path))
+    return ids, external_ids, X, int(nbytes)
 
 
 def _fsync_dir(path: Path) -> None:

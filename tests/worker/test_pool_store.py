@@ -38,11 +38,13 @@ def _read_all(manifest: pool_store.Manifest) -> tuple[np.ndarray, list[str], np.
     ids, exts, Xs = [], [], []
     for shard in manifest.shards:
         i, e, X, nbytes = pool_store.read_shard(shard.path)
-        assert nbytes == shard.bytes and i.shape[0] == shard.rows == X.shape[0]
+        assert 0 < nbytes <= shard.bytes and i.shape[0] == shard.rows == X.shape[0]
         assert int(i[0]) == shard.first_id and int(i[-1]) == shard.last_id
         ids.append(i)
         exts.extend(e)
         Xs.append(X)
+        ids_only, exts_only, empty, fewer = pool_store.read_shard(shard.path, embeddings=False)
+        assert np.array_equal(ids_only, i) and exts_only == e and empty.shape == (shard.rows, 0) and fewer < nbytes
     return np.concatenate(ids), exts, np.concatenate(Xs)
 
 
