@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from distributed import Client, as_completed, get_worker
+from distributed import Client, get_worker
 
 from selection.heads import load_checkpoint
 from selection.passes import TOP_B_STRATEGIES, ShardTop, merge_top, shard_top
@@ -164,15 +164,16 @@ def select_top(
     t_submit = time.perf_counter()
     results: list[dict[str, Any]] = []
     no_workers_since: float | None = None
-    pending = as_completed(futures, timeout=None)
+    waiting = list(futures)
     try:
-        while len(results) < len(futures):
-            batch = pending.next_batch(block=False)
-            for future in batch:
-                results.append(future.result())
-            if progress is not None and batch:
+        while waiting:
+            finished = [f for f in waiting if f.done()]
+            for future in finished:
+                results.append(future.result())  # raises the task's error once its retries are spent
+            waiting = [f for f in waiting if not f.done() or f not in finished]
+            if finished and progress is not None:
                 progress(len(results), len(futures))
-            if len(results) == len(futures):
+            if not waiting:
                 break
             if check is not None:
                 check()
@@ -186,7 +187,8 @@ def select_top(
                     )
             else:
                 no_workers_since = None
-            time.sleep(POLL_S / 5 if not batch else 0)
+            if not finished:
+                time.sleep(POLL_S / 5)
     except BaseException:
         client.cancel(futures, force=True)
         raise
