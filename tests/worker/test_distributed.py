@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -179,7 +180,7 @@ def _local_picks(
     return picks
 
 
-POOL = {"n": 400, "d": 6, "n_labeled": 30, "seed": 2}
+POOL: dict[str, Any] = {"n": 400, "d": 6, "n_labeled": 30, "seed": 2}
 
 
 def test_cluster_picks_equal_the_single_process_picks(
@@ -212,6 +213,21 @@ def test_cluster_picks_equal_the_single_process_picks(
         assert "coreset runs in the worker's process" in batch["diagnostics"]["engine_note"]
 
 
+def _kill_w0_mid_task(cluster: Cluster, killed: list[str]) -> None:
+    from distributed import Client
+
+    with Client(cluster.address, timeout=10, set_as_default=False) as spy:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until a shard task runs on worker w0
+            running = {w: [k for k in keys if "bait-shard" in str(k)] for w, keys in spy.processing().items()}
+            names = {a: i["name"] for a, i in spy.scheduler_info(n_workers=-1)["workers"].items()}
+            if any(keys and names.get(w) == "w0" for w, keys in running.items()):
+                cluster.stop(cluster.workers[0], signal.SIGKILL)
+                killed.append("w0")
+                return
+            time.sleep(0.05)
+
+
 def test_a_worker_killed_mid_batch_does_not_fail_it_and_a_stopped_scheduler_fails_fast(
     settings: Settings, db: sessionmaker[Session], auth: dict[str, str], tmp_path: Path
 ) -> None:
@@ -222,19 +238,14 @@ def test_a_worker_killed_mid_batch_does_not_fail_it_and_a_stopped_scheduler_fail
         with TestClient(create_app(dask_settings)) as app:
             data = make_pool(db, name="dask-kill", **POOL)
             batch_id = _batch(app, auth, data.pool_id, "entropy")
-            from distributed import Client
-
-            with Client(cluster.address, timeout=10, set_as_default=False) as spy:
-                deadline = time.monotonic() + 60
-                while True:  # until a shard task runs on worker w0
-                    assert time.monotonic() < deadline, "no shard task ever ran"
-                    running = {w: [k for k in keys if "bait-shard" in str(k)] for w, keys in spy.processing().items()}
-                    names = {a: i["name"] for a, i in spy.scheduler_info(n_workers=-1)["workers"].items()}
-                    if any(keys and names.get(w) == "w0" for w, keys in running.items()):
-                        break
-                    time.sleep(0.05)
-            cluster.stop(cluster.workers[0], signal.SIGKILL)
+            # A side thread kills worker w0 once a shard task runs there; this thread runs the jobs (RQ's
+            # worker installs signal handlers, so it must be the main thread).
+            killed: list[str] = []
+            spy_thread = threading.Thread(target=_kill_w0_mid_task, args=(cluster, killed), daemon=True)
+            spy_thread.start()
             batch = _wait(app, dask_settings, auth, data.pool_id, batch_id)
+            spy_thread.join(60)
+            assert killed == ["w0"], "worker w0 was not killed while a shard task ran"
             assert batch["status"] == "succeeded", batch["error"]
             assert batch["item_ids"] == expected["entropy"]
             assert batch["diagnostics"]["selection"]["workers"] == 1  # the survivor finished the work
