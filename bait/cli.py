@@ -1,4 +1,4 @@
-"""The `bait` command line: serve, worker, migrate, keys create|list|revoke, demo.
+"""The `bait` command line: serve, worker, migrate, keys create|list|revoke, pools migrate-store, demo.
 
 It composes the web process (:mod:`service`) and the worker process (:mod:`worker`), so it stands above
 both (``bait/``; an import-linter layers contract keeps it there): `bait serve` never imports the
@@ -133,6 +133,23 @@ def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pools(settings: Settings, args: argparse.Namespace) -> int:
+    _announce(settings)
+    _require_schema(settings)
+    # `migrate-store` reads pools with the worker's reader and writes Parquet: the worker's code, imported only
+    # here (like `bait worker`), with a plain import so the import contracts see it.
+    from worker import pool_store
+
+    try:
+        lines = pool_store.migrate_all(settings, args.pool or None, progress_bars=not args.quiet)
+    except LookupError as exc:
+        raise CommandError(str(exc)) from None
+    for line in lines:
+        print(line)
+    print(f"pool store {pool_store.store_root(settings)}: {len(lines)} pool(s) at their current version")
+    return 0
+
+
 def _cmd_demo(_settings: Settings, args: argparse.Namespace) -> int:
     from service import demo  # httpx + numpy + scikit-learn's bundled data, imported only here
 
@@ -157,6 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rounds", type=int, default=3, help="batches to request and label (default: %(default)s)")
     d.add_argument("--batch-size", type=int, default=20, help="items per batch (default: %(default)s)")
     d.add_argument("--seed", type=int, default=0, help="seed of the data split and the batches (default: 0)")
+    pl = sub.add_parser("pools", help="operator commands on pools")
+    plsub = pl.add_subparsers(dest="pools_cmd", required=True)
+    pm = plsub.add_parser(
+        "migrate-store",
+        help="write every pool's embeddings to the pool store (BAIT_POOL_STORE) at its current version, "
+        "for distributed selection (docs/distributed.md)",
+    )
+    pm.add_argument("--pool", action="append", default=[], help="only this pool id (repeatable)")
+    pm.add_argument("--quiet", action="store_true", help="no progress bars")
     k = sub.add_parser("keys", help="manage API keys")
     ksub = k.add_subparsers(dest="keys_cmd", required=True)
     kc = ksub.add_parser("create", help="mint a key for a tenant (created if new); prints the key last")
@@ -192,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker": _cmd_worker,
         "migrate": _cmd_migrate,
         "keys": _cmd_keys,
+        "pools": _cmd_pools,
         "demo": _cmd_demo,
     }
     try:

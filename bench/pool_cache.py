@@ -1,7 +1,7 @@
 """Warm workers: batch jobs on a big pool with the worker's pool cache (worker/pool_cache.py) cold, warm and
 after small changes, against the code path before it (every batch reads the whole pool) in the same run.
 
-Each batch is a real job (``worker.batch.run_batch`` on a queued batch row: heartbeat, load, select, reserve,
+Each batch is a real job (``worker.batch_job.run_batch`` on a queued batch row: heartbeat, load, select, reserve,
 store) run in a fresh worker process, so its peak RSS is its own (the modules a job imports on its first run
 are imported before the clock starts, as in a worker that has run jobs before); the cache folder and the OS
 page cache persist between them, as they do for a worker that keeps running. Rows:
@@ -145,8 +145,8 @@ def change_pool(url: str, pool_id: str, d: int, added: int, updated: int, tag: s
 
 def phase(args: argparse.Namespace) -> None:
     """Child process: run one batch job and print its figures as JSON on the last line."""
-    from worker import batch as batch_job  # imported here: the child measures its own memory from here on
-    from worker import context
+    from worker import batch as batch_steps
+    from worker import batch_job, context  # imported here: the child measures its own memory from here on
     from worker.pool_data import load_pool
 
     settings = Settings(
@@ -158,8 +158,8 @@ def phase(args: argparse.Namespace) -> None:
         log_level="WARNING",
     )
     if args.mode == "before":  # the code before the cache: the whole pool, and its embeddings to the strategy
-        batch_job.load_pool = lambda *a, **kw: load_pool(*a, **{**kw, "cache": None, "embeddings": True})
-        batch_job.selection_inputs = lambda data, _needs: data.X  # type: ignore[assignment]
+        batch_steps.load_pool = lambda *a, **kw: load_pool(*a, **{**kw, "cache": None, "embeddings": True})
+        batch_steps.selection_inputs = lambda data, _needs: data.X  # type: ignore[assignment]
     env = context.configure(settings)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.mode == "fill":  # no batch: what a strategy that reads embeddings waits for on an empty cache

@@ -16,7 +16,7 @@ from __future__ import annotations
 # ---------------------------------------------------------------------------------------- job functions
 
 #: A batch: train, embed, select, reserve, store (job id = batch id).
-RUN_BATCH = "worker.batch.run_batch"
+RUN_BATCH = "worker.batch_job.run_batch"
 #: A stateless ``POST /v1/select`` job (job id = select job id).
 RUN_SELECT = "worker.select_job.run_select"
 #: Predictions of a pool's latest checkpoint (called and waited for: ``JobQueue.call``).

@@ -206,6 +206,55 @@ class Settings(BaseSettings):
         "a pool larger than this is read uncached); 0: no cache",
     )
 
+    # Distributed selection (issue 26): a Dask cluster reads the pool store's Parquet shards. Operator config only:
+    # no API field reaches these (a Dask scheduler runs whatever code its clients send).
+    dask_scheduler: str | None = Field(
+        default=None,
+        description="address of a Dask scheduler, e.g. tcp://127.0.0.1:8786; when set, batches of random, margin, "
+        "confidence and entropy run their pool-wide passes on that cluster (docs/distributed.md); unset: every batch "
+        "runs in the worker's own process, as before",
+    )
+    dask_connect_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long a batch waits to reach the Dask scheduler before it fails with engine_unavailable",
+    )
+    dask_fallback_local: bool = Field(
+        default=False,
+        description="when the Dask scheduler cannot be reached, run the batch in the worker's own process instead of "
+        "failing it with engine_unavailable",
+    )
+    pool_store: str = Field(
+        default="data/pool-store",
+        description="the pool store: Parquet shards of every pool's embeddings per content version, read by the "
+        "Dask workers (a local folder, relative paths from the folder the process starts in, or file://; "
+        "every Dask worker must see the same folder)",
+    )
+    pool_store_shard_rows: int = Field(
+        default=65536, ge=1, description="rows per Parquet shard of the pool store (one Dask task per shard)"
+    )
+
+    @field_validator("dask_scheduler", mode="before")
+    @classmethod
+    def _empty_scheduler_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("dask_scheduler")
+    @classmethod
+    def _check_scheduler(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx)://\S+", v):
+            raise ValueError("BAIT_DASK_SCHEDULER must be an address such as tcp://127.0.0.1:8786")
+        return v
+
+    @field_validator("pool_store")
+    @classmethod
+    def _local_pool_store(cls, v: str) -> str:
+        # Only local folders work so far; file:// names one. Resolved once so every process names the same folder.
+        path = v.removeprefix("file://")
+        if "://" in path:
+            raise ValueError("BAIT_POOL_STORE must be a local folder or a file:// URL (no other store yet)")
+        return str(Path(path).expanduser().resolve())
+
     @field_validator("worker_cache_dir", mode="before")
     @classmethod
     def _empty_cache_dir_is_off(cls, v: object) -> object:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 import selection
@@ -37,7 +35,7 @@ from service.store.attempts import close_running, finish_attempt, write_if_runni
 from service.store.models import Batch, Checkpoint, Pool
 from worker import annotation, context, pool_cache, quality, threads, webhooks
 from worker.pool_data import PoolArrays, current_design, load_pool
-from worker.runtime import Stopped, Tracker, describe_error, jsonable, resolve_device, start_job, utcnow
+from worker.runtime import Stopped, Tracker, jsonable, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -87,35 +85,6 @@ def _batch_spec(batch: Batch, attempt: int, now: datetime) -> _BatchSpec:
         attempt=attempt,
         queued_for=(now - batch.created_at).total_seconds(),
     )
-
-
-def run_batch(batch_id: str) -> None:
-    """Run one batch job (the job id is the batch id)."""
-    env = context.env()
-    settings = env.settings
-    factory = env.sessionmaker
-    spec = start_job(factory, "batch", batch_id, store.start_batch, store.get_batch_by_id, _batch_spec)
-    if spec is None:
-        return
-    attempt = spec.attempt
-    log.info("batch %s: attempt %d, %s of %d", batch_id, attempt, spec.strategy, spec.size)
-    try:
-        with Tracker(factory, batch_id, attempt, settings.job_heartbeat_seconds) as tracker:
-            warnings = _platforms_before(spec, tracker)
-            _run_batch(spec, factory, tracker, resolve_device(settings.device), settings.reservation_ttl_seconds)
-            _platforms_deliver(spec, factory, warnings)
-    except Stopped:
-        log.info("batch %s: stopped (cancelled or taken over); nothing written", batch_id)
-        return
-    except (OperationalError, InterfaceError):
-        # The database went away (restart, failover, network): this attempt is lost as if its worker had
-        # died. Nothing of it was committed; the sweep re-queues it once its heartbeat is stale.
-        log.warning("batch %s: database lost mid-job; the recovery sweep re-queues it", batch_id, exc_info=True)
-        return
-    except Exception as exc:
-        log.error("batch %s failed:\n%s", batch_id, traceback.format_exc())
-        _fail_batch(factory, batch_id, attempt, describe_error(exc))
-    _after_batch(batch_id)
 
 
 def _after_batch(batch_id: str) -> None:
@@ -210,8 +179,16 @@ class _Model:
     assessed: quality.Quality | None = None
 
 
-def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker, device: str, ttl_s: int) -> None:
-    """The steps of a batch: load, (cold start?), train + embed + validate, then select and store."""
+def _run_batch(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    tracker: Tracker,
+    device: str,
+    ttl_s: int,
+    engine: dict[str, Any],
+) -> None:
+    """The steps of a batch in the job's process: load, (cold start?), train + embed + validate, then select
+    and store. ``engine`` says where it runs and why (``{"engine": "local", ...}``), for its diagnostics."""
     timings: dict[str, float] = {"queued": spec.queued_for}
     t0 = time.perf_counter()
     loaded = _load(spec, factory, tracker)
@@ -228,6 +205,7 @@ def _run_batch(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracke
 
     params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
     chosen: dict[str, Any] = {"strategy_requested": spec.strategy, "strategy_used": strategy, "cold_start": None}
+    chosen.update(engine)  # where the batch ran (worker/batch_job.py chose)
     if cold is not None:
         chosen.update(cold_start=cold.as_dict(), note=coldstart.note(spec.strategy, strategy, cold))
     _select_and_store(spec, factory, tracker, loaded, model, (strategy, params, chosen), device, ttl_s, timings, t0)

@@ -2,7 +2,7 @@
 
 A batch request is validated completely in the web process, before anything is written: size within
 what is available now, a strategy the pool's task supports, known parameters of the right types. The
-selection itself runs in a worker (``worker.batch.run_batch``), which reserves the chosen items.
+selection itself runs in a worker (``worker.batch_job.run_batch``), which reserves the chosen items.
 
 Reproducibility: every batch has a seed in its ``params`` (the request's, or one drawn here and stored
 when the request gives none); the worker trains the head and runs the strategy with it and records the

@@ -125,3 +125,18 @@ def count_selectable(session: Session, pool_id: str) -> int:
             .where(Item.pool_id == pool_id, Item.embedding_status == "ready", Item.split == "train")
         ).scalar_one()
     )
+
+
+def embeddings_by_id(session: Session, pool_id: str, item_ids: Sequence[int]) -> dict[int, tuple[str, bytes | None]]:
+    """``item id -> (external id, embedding bytes)`` of the pool's rows among ``item_ids`` (a distributed batch
+    reads its labeled rows this way; the pool-wide rows stay in the pool store)."""
+    found: dict[int, tuple[str, bytes | None]] = {}
+    ids = list(dict.fromkeys(int(i) for i in item_ids))
+    for begin in range(0, len(ids), 5000):
+        rows = session.execute(
+            select(Item.id, Item.external_id, Item.embedding).where(
+                Item.pool_id == pool_id, Item.id.in_(ids[begin : begin + 5000])
+            )
+        ).all()
+        found.update({int(r[0]): (str(r[1]), r[2]) for r in rows})
+    return found

@@ -1,0 +1,288 @@
+"""Distributed selection on a real Dask cluster (issue 26): a `dask scheduler` and two `dask worker` processes on
+127.0.0.1, batches requested through the service (in-process runner on SQLite; RQ on PostgreSQL + Redis when
+configured). The picks equal the single-process picks; a worker killed mid-batch does not fail it; a stopped
+scheduler fails the batch at once with engine_unavailable (or runs it locally when the operator allows it); no
+API field can name a scheduler."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.main import create_app
+from tests.conftest import REDIS_URL
+from tests.e2e.procs import free_port
+from tests.worker.factories import make_pool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _dask_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dask", *args]
+
+
+@dataclass
+class Cluster:
+    address: str
+    scheduler: subprocess.Popen[bytes]
+    workers: list[subprocess.Popen[bytes]]
+    logs: Path
+
+    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BAIT_")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DASK_DISTRIBUTED__WORKER__DAEMON="false")
+    return env
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as f:
+        return subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_workers(address: str, n: int, timeout: float = 60) -> None:
+    from distributed import Client
+
+    with Client(address, timeout=30, set_as_default=False) as c:
+        c.wait_for_workers(n, timeout=timeout)
+
+
+def start_cluster(tmp: Path, n_workers: int = 2, preload: str | None = None) -> Cluster:
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = _start(
+        _dask_cmd("scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"), tmp / "scheduler.log"
+    )
+    workers = [
+        _start(
+            _dask_cmd(
+                "worker",
+                address,
+                "--host",
+                "127.0.0.1",
+                "--nworkers",
+                "1",
+                "--nthreads",
+                "1",
+                "--memory-limit",
+                "1GB",
+                "--no-dashboard",
+                "--no-nanny",
+                "--name",
+                f"w{i}",
+                *(["--preload", preload] if preload else []),
+            ),
+            tmp / f"worker-{i}.log",
+        )
+        for i in range(n_workers)
+    ]
+    cluster = Cluster(address, scheduler, workers, tmp)
+    try:
+        _wait_workers(address, n_workers)
+    except BaseException:
+        for p in [*workers, scheduler]:
+            cluster.stop(p, signal.SIGKILL)
+        raise
+    return cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path)
+    yield c
+    for p in [*c.workers, c.scheduler]:
+        c.stop(p, signal.SIGKILL)
+
+
+def _settings(settings: Settings, store: Path, **extra: Any) -> Settings:
+    return settings.model_copy(
+        update={"pool_store": str(store), "pool_store_shard_rows": 40, "dask_connect_timeout_seconds": 3.0, **extra}
+    )
+
+
+def _batch(client: TestClient, auth: dict[str, str], pool_id: str, strategy: str, seed: int = 5) -> str:
+    r = client.post(
+        f"/v1/pools/{pool_id}/batches",
+        json={"size": 12, "strategy": strategy, "params": {"seed": seed}},
+        headers=auth,
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def _wait(client: TestClient, settings: Settings, auth: dict[str, str], pool_id: str, batch_id: str) -> dict[str, Any]:
+    """Run the app's jobs with ``settings`` (in-process runner, or an RQ SimpleWorker in burst mode) until the
+    batch is finished; the batch."""
+
+    def done() -> bool:
+        return _get(client, auth, pool_id, batch_id)["status"] in ("succeeded", "failed")
+
+    deadline = time.monotonic() + 90
+    queue = client.app.state.queue  # type: ignore[attr-defined]
+    while not done():
+        assert time.monotonic() < deadline, "the batch did not finish in time"
+        if REDIS_URL:
+            from rq import SimpleWorker
+            from rq.serializers import JSONSerializer
+
+            from worker import context
+
+            context.configure(settings)
+            SimpleWorker([queue.rq_queue], connection=queue.connection, serializer=JSONSerializer).work(
+                burst=True, with_scheduler=False
+            )
+        else:
+            queue.wait_idle(max(0.0, deadline - time.monotonic()))
+        time.sleep(0.05)
+    return _get(client, auth, pool_id, batch_id)
+
+
+def _get(client: TestClient, auth: dict[str, str], pool_id: str, batch_id: str) -> dict[str, Any]:
+    r = client.get(f"/v1/pools/{pool_id}/batches/{batch_id}", headers=auth)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _local_picks(
+    settings: Settings, db: sessionmaker[Session], auth: dict[str, str], strategies: list[str], **pool: Any
+) -> dict[str, list[str]]:
+    """The single-process picks of each strategy, each on a fresh copy of the same pool."""
+    picks = {}
+    with TestClient(create_app(settings)) as local:
+        for strategy in strategies:
+            data = make_pool(db, name=f"local-{strategy}", **pool)
+            batch = _wait(local, settings, auth, data.pool_id, _batch(local, auth, data.pool_id, strategy))
+            assert batch["status"] == "succeeded", batch["error"]
+            assert batch["diagnostics"]["engine"] == "local"
+            picks[strategy] = batch["item_ids"]
+    return picks
+
+
+POOL: dict[str, Any] = {"n": 400, "d": 6, "n_labeled": 30, "seed": 2}
+
+
+def test_cluster_picks_equal_the_single_process_picks(
+    cluster: Cluster, settings: Settings, db: sessionmaker[Session], auth: dict[str, str], tmp_path: Path
+) -> None:
+    strategies = ["margin", "confidence", "entropy"]
+    expected = _local_picks(settings, db, auth, strategies, **POOL)
+    dask_settings = _settings(settings, tmp_path / "store", dask_scheduler=cluster.address)
+    with TestClient(create_app(dask_settings)) as app:
+        for run, strategy in enumerate([*strategies, "random", "random"]):
+            data = make_pool(db, name=f"dask-{run}-{strategy}", **POOL)
+            batch = _wait(app, dask_settings, auth, data.pool_id, _batch(app, auth, data.pool_id, strategy))
+            assert batch["status"] == "succeeded", batch["error"]
+            diag = batch["diagnostics"]
+            assert diag["engine"] == "dask" and diag["selection"]["engine"] == "dask"
+            assert diag["selection"]["tasks"] == 10 and diag["selection"]["workers"] == 2
+            assert diag["selection"]["bytes_read"]["shards"] > 0 and diag["pool_cache"]["how"] == "pool_store"
+            assert cluster.address not in str(diag)  # tenants read diagnostics: no scheduler address
+            labeled = {f"item-{i:05d}" for i in range(POOL["n_labeled"])}
+            assert len(set(batch["item_ids"])) == 12 and not labeled & set(batch["item_ids"])
+            if strategy in expected:
+                assert batch["item_ids"] == expected[strategy], strategy
+            else:
+                expected.setdefault("random", batch["item_ids"])
+                assert batch["item_ids"] == expected["random"]  # same seed, same store layout: same sample
+        # a strategy without a shard pass runs in the job's process, and says so
+        data = make_pool(db, name="dask-coreset", **POOL)
+        batch = _wait(app, dask_settings, auth, data.pool_id, _batch(app, auth, data.pool_id, "coreset"))
+        assert batch["status"] == "succeeded" and batch["diagnostics"]["engine"] == "local"
+        assert "coreset runs in the worker's process" in batch["diagnostics"]["engine_note"]
+
+
+def _kill_w0_mid_task(cluster: Cluster, killed: list[str]) -> None:
+    from distributed import Client
+
+    with Client(cluster.address, timeout=10, set_as_default=False) as spy:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until a shard task runs on worker w0
+            running = {w: [k for k in keys if "bait-shard" in str(k)] for w, keys in spy.processing().items()}
+            names = {a: i["name"] for a, i in spy.scheduler_info(n_workers=-1)["workers"].items()}
+            if any(keys and names.get(w) == "w0" for w, keys in running.items()):
+                cluster.stop(cluster.workers[0], signal.SIGKILL)
+                killed.append("w0")
+                return
+            time.sleep(0.05)
+
+
+def test_a_worker_killed_mid_batch_does_not_fail_it_and_a_stopped_scheduler_fails_fast(
+    settings: Settings, db: sessionmaker[Session], auth: dict[str, str], tmp_path: Path
+) -> None:
+    expected = _local_picks(settings, db, auth, ["entropy"], **POOL)
+    cluster = start_cluster(tmp_path, preload="tests.worker.dask_slow_shards")  # every shard task takes 0.6 s more
+    try:
+        dask_settings = _settings(settings, tmp_path / "store", dask_scheduler=cluster.address)
+        with TestClient(create_app(dask_settings)) as app:
+            data = make_pool(db, name="dask-kill", **POOL)
+            batch_id = _batch(app, auth, data.pool_id, "entropy")
+            # A side thread kills worker w0 once a shard task runs there; this thread runs the jobs (RQ's
+            # worker installs signal handlers, so it must be the main thread).
+            killed: list[str] = []
+            spy_thread = threading.Thread(target=_kill_w0_mid_task, args=(cluster, killed), daemon=True)
+            spy_thread.start()
+            batch = _wait(app, dask_settings, auth, data.pool_id, batch_id)
+            spy_thread.join(60)
+            assert killed == ["w0"], "worker w0 was not killed while a shard task ran"
+            assert batch["status"] == "succeeded", batch["error"]
+            assert batch["item_ids"] == expected["entropy"]
+            assert batch["diagnostics"]["selection"]["workers"] == 1  # the survivor finished the work
+
+            # the scheduler stopped: the next batch fails at once, with the reason
+            cluster.stop(cluster.scheduler, signal.SIGKILL)
+            data = make_pool(db, name="dask-down", **POOL)
+            started = time.monotonic()
+            batch = _wait(app, dask_settings, auth, data.pool_id, _batch(app, auth, data.pool_id, "margin"))
+            assert batch["status"] == "failed" and time.monotonic() - started < 30
+            assert batch["error"].startswith("engine_unavailable: the Dask scheduler")
+            assert cluster.address not in batch["error"]
+        # unless the operator allows running it here
+        fallback = dask_settings.model_copy(update={"dask_fallback_local": True})
+        with TestClient(create_app(fallback)) as app:
+            batch = _wait(app, fallback, auth, data.pool_id, _batch(app, auth, data.pool_id, "margin"))
+            assert batch["status"] == "succeeded" and batch["diagnostics"]["engine"] == "local"
+            assert "unreachable" in batch["diagnostics"]["engine_note"]
+    finally:
+        for p in [*cluster.workers, cluster.scheduler]:
+            cluster.stop(p, signal.SIGKILL)
+
+
+def test_no_api_field_can_name_a_scheduler(client: TestClient, db: sessionmaker[Session], auth: dict[str, str]) -> None:
+    """The scheduler is operator configuration only: no request body of the API has a field for it, and a batch
+    that tries to pass one is refused before anything is queued."""
+    spec = client.get("/openapi.json").json()
+    fields: set[str] = set()
+    for schema in spec["components"]["schemas"].values():
+        fields.update((schema.get("properties") or {}).keys())
+    assert not {f for f in fields if "dask" in f.lower() or "scheduler" in f.lower() or "pool_store" in f.lower()}
+    data = make_pool(db, **POOL)
+    for body in (
+        {"size": 5, "strategy": "margin", "dask_scheduler": "tcp://127.0.0.1:1"},
+        {"size": 5, "strategy": "margin", "params": {"dask_scheduler": "tcp://127.0.0.1:1"}},
+        {"size": 5, "strategy": "margin", "params": {"scheduler": "tcp://127.0.0.1:1"}},
+    ):
+        r = client.post(f"/v1/pools/{data.pool_id}/batches", json=body, headers=auth)
+        assert 400 <= r.status_code < 500, (body, r.text)
+    assert client.get(f"/v1/pools/{data.pool_id}/batches", headers=auth).json()["batches"] == []

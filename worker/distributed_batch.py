@@ -1,0 +1,251 @@
+"""A batch whose pool-wide passes run on the Dask cluster (issue 26): the hook of the batch job.
+
+:func:`run` is called at the start of every batch (one marked call site in the batch job). It returns None when
+it ran the batch here (stored, or failed with ``engine_unavailable``), or the engine diagnostics of a batch that
+runs in the job's own process as before (``{"engine": "local", ...}``, with the reason when a cluster is
+configured).
+
+With ``BAIT_DASK_SCHEDULER`` set and a strategy of :data:`selection.passes.TOP_B_STRATEGIES`:
+
+1. the pool's store version is made sure of (written from the worker's reader when missing: the lazy migration);
+2. the head is trained here on the labeled rows only (read by id), exactly as the single-process path trains it;
+3. under the pool's selection lock, the design is read as it is now and every shard's top ``B`` is computed on
+   the cluster, each Dask worker reading its shard from the store; the merge is the batch, reserved and stored
+   by the same code as a single-process batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+
+import selection
+from selection.api import SelectionResult
+from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
+from selection.passes import TOP_B_STRATEGIES
+from service.db import session_scope
+from service.domain import coldstart
+from service.store import content as content_store
+from service.store.models import Pool
+from worker import context, distributed, pool_store, quality, threads
+from worker.batch import (
+    RESERVE_ATTEMPTS,
+    ReservationConflict,
+    _BatchSpec,
+    _fail_batch,
+    _store_batch,
+    head_config,
+    pool_selection_lock,
+    wait_for_selection_lock,
+)
+from worker.pool_data import PoolArrays, PoolDataError, label_decoder
+from worker.runtime import Stopped, Tracker, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def _design(session: Session, pool: Pool, now: datetime) -> tuple[np.ndarray, list[Any], np.ndarray]:
+    """Item ids of the labeled rows (ascending) with their decoded labels, and of the live reservations."""
+    decode = label_decoder(pool)
+    labeled: list[int] = []
+    targets: list[Any] = []
+    reserved: list[int] = []
+    for iid, status, until, label in content_store.design(session, pool.id):
+        if status == "labeled":
+            labeled.append(int(iid))
+            targets.append(decode(label))
+        elif until is not None and until >= now:
+            reserved.append(int(iid))
+    return np.asarray(labeled, dtype=np.int64), targets, np.asarray(reserved, dtype=np.int64)
+
+
+def _labeled_embeddings(session: Session, pool: Pool, ids: np.ndarray) -> np.ndarray:
+    d = int(pool.embedding_dim)
+    found = content_store.embeddings_by_id(session, pool.id, ids.tolist())
+    X = np.empty((ids.shape[0], d), dtype=np.float32)
+    for row, iid in enumerate(ids.tolist()):
+        ext, blob = found.get(int(iid), ("?", None))
+        if blob is None or len(blob) != 4 * d:
+            raise PoolDataError(f"item {ext!r} has no stored embedding of {d} values")
+        X[row] = np.frombuffer(blob, dtype="<f4")
+    return X
+
+
+def run(
+    spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker, device: str, ttl_s: int
+) -> dict[str, Any] | None:
+    """Run the batch on the cluster when it should (see the module); else the engine note of a local run."""
+    settings = context.env().settings
+    if not settings.dask_scheduler:
+        return {"engine": "local"}
+    if not distributed.handles(spec.strategy):
+        return {
+            "engine": "local",
+            "engine_note": f"{spec.strategy} runs in the worker's process; on the Dask cluster so far: "
+            + ", ".join(TOP_B_STRATEGIES),
+        }
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {"queued": spec.queued_for}
+    now = utcnow()
+    with session_scope(factory) as s:
+        pool = s.get(Pool, spec.pool_id)
+        if pool is None:
+            raise Stopped(spec.batch_id)
+        config = head_config(pool)
+        task = pool.task
+        classes = list(pool.classes or []) if task == "classification" else None
+        labeled_ids, targets, _reserved = _design(s, pool, now)
+        y = (
+            np.asarray(targets, dtype=np.int64)
+            if task == "classification"
+            else np.asarray(targets, dtype=np.float32).reshape(len(targets), int(pool.n_outputs))
+        )
+        needs_model = bool(selection.STRATEGIES[spec.strategy].inputs)
+        if needs_model and spec.params.get(coldstart.PARAM) is not False:
+            counts = np.bincount(y, minlength=len(classes or [])).tolist() if task == "classification" else None
+            cold = coldstart.decide(task, int(labeled_ids.shape[0]), counts, classes)
+            if cold is not None:
+                return {"engine": "local", "engine_note": f"cold start ({cold.rule}) runs in the worker's process"}
+        X_labeled = _labeled_embeddings(s, pool, labeled_ids) if needs_model else None
+
+    t = time.perf_counter()
+    tracker.stage("connect")
+    try:
+        client = distributed.connect(settings)
+    except distributed.EngineUnavailable as exc:
+        if settings.dask_fallback_local:
+            log.warning("batch %s: %s; running it in this process (BAIT_DASK_FALLBACK_LOCAL)", spec.batch_id, exc)
+            return {"engine": "local", "engine_note": "the Dask scheduler was unreachable (BAIT_DASK_FALLBACK_LOCAL)"}
+        log.error("batch %s: %s", spec.batch_id, exc)
+        _fail_batch(factory, spec.batch_id, spec.attempt, str(exc))
+        return None
+    timings["connect"] = time.perf_counter() - t
+    try:
+        trained, assessed = _train(spec, factory, tracker, device, config, X_labeled, y, classes, timings)
+        _select_and_store(spec, factory, tracker, ttl_s, client, labeled_ids, trained, assessed, t0, timings)
+    except distributed.EngineUnavailable as exc:
+        log.error("batch %s: %s", spec.batch_id, exc)
+        _fail_batch(factory, spec.batch_id, spec.attempt, str(exc))
+    finally:
+        client.close(timeout=5)
+    return None
+
+
+def _train(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    tracker: Tracker,
+    device: str,
+    config: HeadConfig,
+    X_labeled: np.ndarray | None,
+    y: np.ndarray,
+    classes: list[str] | None,
+    timings: dict[str, float],
+) -> tuple[TrainedHead | None, quality.Quality | None]:
+    """The head, trained as the single-process path trains it (same rows in id order, same seed), and its
+    validation scores; None for a strategy that reads no model (random)."""
+    if X_labeled is None:
+        return None, None
+    settings = context.env().settings
+    with threads.torch_threads(settings.job_threads):
+        t = time.perf_counter()
+        tracker.stage("train", 0, config.max_epochs)
+        trained = train_head(config, X_labeled, y, device=device, seed=spec.seed, progress=tracker.callback)
+        timings["train"] = time.perf_counter() - t
+        t = time.perf_counter()
+        assessed = quality.assess(factory, spec.pool_id, trained, classes)
+        timings["validate"] = time.perf_counter() - t
+    return trained, assessed
+
+
+def _select_and_store(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    tracker: Tracker,
+    ttl_s: int,
+    client: Any,
+    labeled_ids: np.ndarray,
+    trained: TrainedHead | None,
+    assessed: quality.Quality | None,
+    t0: float,
+    timings: dict[str, float],
+) -> None:
+    settings = context.env().settings
+    t = time.perf_counter()
+    tracker.stage("store", 0, 0)
+    with session_scope(factory) as s:
+        pool = s.get(Pool, spec.pool_id)
+        if pool is None:
+            raise Stopped(spec.batch_id)
+        manifest, store_how = pool_store.ensure_version(s, settings, pool, tracker.callback)
+    timings["pool_store"] = time.perf_counter() - t
+    head_blob = None if trained is None else save_checkpoint(trained)
+    chosen = {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None, "engine": "dask"}
+    timings.update(lock_wait=0.0, select=0.0, store=0.0)
+    for run in range(1, RESERVE_ATTEMPTS + 1):
+        t = time.perf_counter()
+        tracker.stage("select", 0, len(manifest.shards))
+        try:
+            with pool_selection_lock(spec.pool_id, tracker), session_scope(factory) as s:
+                wait_for_selection_lock(s, spec.pool_id, tracker)
+                timings["lock_wait"] += time.perf_counter() - t
+                t = time.perf_counter()
+                pool = s.get(Pool, spec.pool_id)
+                if pool is None:
+                    raise Stopped(spec.batch_id)
+                labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
+                # as the single-process path: rows labeled since training count as in the design (never picked)
+                excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
+                picks = distributed.select_top(
+                    client,
+                    manifest,
+                    spec.strategy,
+                    spec.size,
+                    excluded,
+                    head_blob,
+                    spec.seed,
+                    check=tracker.check,
+                    progress=tracker.callback,
+                    lost_after_s=float(settings.dask_connect_timeout_seconds),
+                )
+                timings["select"] += time.perf_counter() - t
+                t = time.perf_counter()
+                tracker.stage("store", 0, spec.size)
+                # The batch's view of the pool: the picked rows only (the pool's rows stay in the store);
+                # ``X`` has the store version's row count and no columns, so n_pool reads it.
+                data = PoolArrays(
+                    item_ids=picks.ids,
+                    external_ids=picks.external_ids,
+                    X=np.empty((manifest.rows, 0), dtype=np.float32),
+                    labeled=labeled_ids,
+                    y=np.empty(0),
+                    reserved=reserved_now,
+                    cache={"how": "pool_store", "store": store_how, "version": manifest.version},
+                )
+                result = SelectionResult(
+                    indices=np.arange(picks.ids.shape[0], dtype=np.int64),
+                    objective=None,
+                    diagnostics={
+                        **picks.diagnostics,
+                        "strategy": spec.strategy,
+                        "batch_size": spec.size,
+                        "seed": spec.seed,
+                        "score_first": float(picks.scores[0]) if picks.scores.size else None,
+                        "score_last": float(picks.scores[-1]) if picks.scores.size else None,
+                    },
+                )
+                n_others = int(np.setdiff1d(excluded, labeled_ids).shape[0])
+                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, chosen)
+            return
+        except ReservationConflict:
+            timings["store"] += time.perf_counter() - t
+            log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
+    raise RuntimeError(
+        f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
+        "concurrent batches kept taking the chosen items"
+    )
