@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import cli
+from bait import cli
 from service.config import Settings
 from service.db import session_scope
 from service.store.models import Item, Pool
