@@ -55,6 +55,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from selection import fused, scale
+from selection.calibrate import machine_rates
 from selection.errors import InputDataError, MemoryBudgetError, ParameterError
 from selection.fisher import exact_objective, fisher_pca_basis, kron_sum, reduced_rank, row_factors
 from selection.linalg import (
@@ -75,7 +76,7 @@ from selection.scale import (
     Prefilter,
     auto_classes,
     check_time_budget,
-    class_fisher_kept,
+    class_fisher_kept_many,
     estimate_phases,
     estimate_seconds,
     ladder_dims,
@@ -1469,21 +1470,7 @@ def _plan(
         estimate_bytes(n_cand=0, d=d, r=r, matrix_dtype=torch.float64, state_dtype=torch.float64, mode=mode)
         <= budget_gb * _GB
     )
-    exact_obj_s = estimate_phases(
-        n_rows=problem.n,
-        n_cand=0,
-        d=d,
-        r=r,
-        rc=r,
-        n_forward=0,
-        n_backward=0,
-        n_design=0,
-        mode=mode,
-        device=problem.device,
-        dtype=torch.float64,
-        objective=True,
-        threads=threads,
-    )["objective"]
+    exact_obj_s = _objective_seconds(problem, r, mode)
     # The exact objective of an approximate plan's set is computed when it fits memory and a quarter of
     # the time budget (else the approximate one is reported).
     objective_ok = mode != "logdet" and exact_obj_mem and exact_obj_s <= 0.25 * time_budget_s
@@ -1606,14 +1593,16 @@ def _plan(
     kept = _variance_kept(problem, dims) if len(dims) > 1 else {d: 1.0}
     dim_opts = [(dim, GAP_PER_PCA_VARIANCE * (1.0 - kept[dim])) for dim in dims]
     cls_opts: list[tuple[int | None, int, float]] = [(None, 0, 0.0)]  # (top classes, samples, gap)
+    cls_kept: dict[int, float] = {}
     if problem.probs is not None and r > 2:
         c_auto = approx_classes if approx_classes is not None else auto_classes(problem.probs, lam=lam)
+        ranks = [rank for rank in SAMPLED_RANKS if rank < min(c_auto, r)]
+        cls_kept.update(class_fisher_kept_many(problem.probs, [c_auto, *ranks]))
         if c_auto < r:
-            cls_opts.append((c_auto, 0, GAP_PER_CLASS_FISHER * (1 - class_fisher_kept(problem.probs, c_auto))))
-        for rank in SAMPLED_RANKS:
-            if rank < min(c_auto, r):
-                n_top, n_smp = _sampled_split(rank, r)
-                cls_opts.append((n_top, n_smp, GAP_PER_CLASS_FISHER * (1 - class_fisher_kept(problem.probs, rank))))
+            cls_opts.append((c_auto, 0, GAP_PER_CLASS_FISHER * (1 - cls_kept[c_auto])))
+        for rank in ranks:
+            n_top, n_smp = _sampled_split(rank, r)
+            cls_opts.append((n_top, n_smp, GAP_PER_CLASS_FISHER * (1 - cls_kept[rank])))
     ov_opts = [(oversample, 0.0)]
     if backward and oversample > 1:
         ov_opts.append((1.0, GAP_FORWARD_ONLY))
@@ -1656,7 +1645,7 @@ def _plan(
         if p.classes is not None:
             rank = p.classes + p.samples
             how = f"top {p.classes}" + (f" + {p.samples} sampled pseudo-labels" if p.samples else " (rest merged)")
-            outside = 1 - class_fisher_kept(problem.probs, rank) if problem.probs is not None else 0.0
+            outside = 1 - cls_kept.get(rank, 1.0)
             p.gave_up.append(
                 f"classes: {how} per candidate instead of {r} ({100 * outside:.1f} % of the class Fisher "
                 f"outside the top {rank} classes)"
@@ -1692,7 +1681,7 @@ def _plan(
     return gave_up(best)
 
 
-def _variance_kept(problem: Problem, dims: list[int], sample: int = 8192) -> dict[int, float]:
+def _variance_kept(problem: Problem, dims: list[int], sample: int = 4096) -> dict[int, float]:
     """Fraction of the Fisher-weighted embedding variance each PCA dimension keeps (a row subsample)."""
     step = max(1, problem.n // sample)
     x = problem.X[::step].to(torch.float64)
@@ -1768,6 +1757,13 @@ def _run(
     if problem.dtype not in (torch.float32, torch.float64):
         raise InputDataError(f"BAIT needs float32 or float64 embeddings, got {problem.dtype}")
 
+    if kind == "auto":
+        # Measure this machine's rates now (once per process; the first call pays ~0.3-2 s and the
+        # compiled step's load) and plan with what is left of the budget.
+        machine_rates(problem.device, problem.dtype, resolve_threads(problem.device))
+        time_budget_plan = max(1e-3, time_budget - (_CLOCK() - (guard.deadline or 0.0) + GUARD_FACTOR * time_budget))
+    else:
+        time_budget_plan = time_budget
     with torch.no_grad():
         plan = _plan(
             problem,
@@ -1779,7 +1775,7 @@ def _run(
             oversample=oversample,
             backward=backward,
             budget_gb=budget,
-            time_budget_s=time_budget,
+            time_budget_s=time_budget_plan,
             lam=lam,
             approx_samples=approx_samples,
         )
@@ -1856,10 +1852,12 @@ def _objective_seconds(problem: Problem, r: int, mode: Mode) -> float:
         n_design=0,
         mode=mode,
         device=problem.device,
-        dtype=torch.float64,
+        # The pool dtype's rates (no second microbenchmark): kron_sum runs its GEMMs in float64 at
+        # about half the float32 rate, counted below.
+        dtype=problem.dtype,
         objective=True,
         threads=resolve_threads(problem.device),
-    )["objective"]
+    )["objective"] * (2.0 if problem.dtype == torch.float32 else 1.0)
 
 
 def _run_core(

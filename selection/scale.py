@@ -172,25 +172,37 @@ def sampled_class_factor(probs: Tensor, top: int, sampled: int, *, dtype: torch.
     return torch.cat(parts, 2).contiguous()
 
 
-def class_fisher_kept(probs: Tensor, top: int, *, sample: int = 20_000) -> float:
+def class_fisher_kept(probs: Tensor, top: int, *, sample: int = 4096) -> float:
     """Mean fraction of the class Fisher's trace that top-``top`` coarse-graining keeps exactly
     (``tr C~ / tr C``, rows with ``tr C > 0``; ``top = 0``: 0). The rest is what sampling estimates."""
+    return class_fisher_kept_many(probs, [top], sample=sample)[top]
+
+
+def class_fisher_kept_many(probs: Tensor, tops: list[int], *, sample: int = 4096) -> dict[int, float]:
+    """:func:`class_fisher_kept` for several ``top`` at once (one sort of a row subsample)."""
     k = int(probs.shape[1])
-    if top <= 0:
-        return 0.0
-    if top >= k - 1:
-        return 1.0
     p = probs[:: max(1, probs.shape[0] // sample)].to(torch.float64)
+    srt = torch.sort(p, dim=1, descending=True).values
     total = (p * (1 - p)).sum(1)
-    vals = torch.topk(p, top, dim=1).values
-    rest = (1 - vals.sum(1)).clamp_min(0)
-    sq_rest = ((p * p).sum(1) - (vals * vals).sum(1)).clamp_min(0)
-    z2 = torch.where(rest > 1e-300, sq_rest / rest.clamp_min(1e-300) ** 2, torch.zeros_like(rest))
-    kept = (vals * (1 - vals)).sum(1) + rest * (1 - rest) * z2
     ok = total > 0
-    if not bool(ok.any()):
-        return 1.0
-    return float((kept[ok] / total[ok]).mean())
+    cum = srt.cumsum(1)
+    cum_sq = (srt * srt).cumsum(1)
+    cum_var = (srt * (1 - srt)).cumsum(1)
+    sq = (p * p).sum(1)
+    out: dict[int, float] = {}
+    for top in tops:
+        if top <= 0:
+            out[top] = 0.0
+            continue
+        if top >= k - 1 or not bool(ok.any()):
+            out[top] = 1.0
+            continue
+        rest = (1 - cum[:, top - 1]).clamp_min(0)
+        sq_rest = (sq - cum_sq[:, top - 1]).clamp_min(0)
+        z2 = torch.where(rest > 1e-300, sq_rest / rest.clamp_min(1e-300) ** 2, torch.zeros_like(rest))
+        kept = cum_var[:, top - 1] + rest * (1 - rest) * z2
+        out[top] = float((kept[ok] / total[ok]).mean())
+    return out
 
 
 def rest_mass(probs: Tensor, c: int) -> float:
