@@ -1801,6 +1801,8 @@ def _run(
     diag = out.diagnostics
     approx_info = plan.describe()
     approx_info["requested"] = kind
+    if kind == "auto":
+        approx_info["rates"] = machine_rates(problem.device, problem.dtype, resolve_threads(problem.device)).describe()
     diag["approximation"] = approx_info
     diag["timings"]["plan"] = t_plan - t_start
     if rows_map is None:

@@ -419,7 +419,13 @@ def estimate_phases(
     # and rank-2rc (Q) corrections.
     step_mats = cols * big_d * big_d * mb / rt.stream + (1 + 2 * (cols - 1)) * big_d * big_d * rc / mat
     step_fixed = 1e-3  # per-step Python and thread hand-offs
-    fwd = n_forward * (step_gemm / gemm + step_small / small + step_mats + step_fixed)
+    per_step = step_gemm / gemm + step_small / small + step_mats + step_fixed
+    if r == 1:
+        # Rank one (regression, binary): a step is a GEMV over the candidates' rows and a few float64
+        # vector passes, bound by memory, not multiply-adds (10^6 x 64 float32: ~70 ms a step at load 4).
+        itemsize = torch.finfo(dtype).bits // 8
+        per_step = n_cand * (d * itemsize + 6 * 8) / rt.stream + step_mats + step_fixed
+    fwd = n_forward * per_step
     bwd = 0.0
     if n_backward > 0:
         m = n_forward
