@@ -29,11 +29,13 @@ Work is done in the reduced class space (softmax null direction dropped, ``r = k
 ``P`` and ``Q`` and the backward pass are float64 whenever they fit ``max_memory_gb``; pool-sized
 GEMMs and the per-candidate state run in the dtype of ``problem.X``.
 
-Planning (selection/scale.py): ``approx=None`` ("auto") runs exact BAIT whenever a cost model says
-it fits ``time_budget_s`` and ``max_memory_gb``; otherwise the first plan that fits among candidate
-pre-filtering (pools above ``scale.PREFILTER_MIN_CANDIDATES``), top-``c`` class truncation of each
-candidate's Fisher (a PSD lower bound; per-candidate state ``c x c``) and the Fisher-weighted PCA
-projection. ``approx="exact"`` forces exact. The plan, its reason and its estimate are
+Planning (selection/scale.py, :func:`_plan`): ``approx=None`` ("auto") runs exact BAIT whenever a
+cost model with this machine's measured rates says it fits ``time_budget_s`` and ``max_memory_gb``;
+otherwise the plan of smallest estimated gap that fits, built from candidate pre-filtering, the
+Fisher-weighted PCA projection, a class approximation of each candidate's Fisher (top-``c``, or
+top-``c`` plus sampled pseudo-labels from the rest) and forward-only picking; a guard (:class:`_Guard`)
+stops the greedy passes so the call returns within 1.5x ``time_budget_s``
+(docs/algorithm-many-classes.md). ``approx="exact"`` forces exact. The plan, its reason and its estimate are
 ``diagnostics["approximation"]``; the objective reported for an approximate or pre-filtered run is
 the exact one of its set whenever that fits the budgets (``diagnostics["objective_kind"]``).
 """

@@ -19,12 +19,15 @@ uniformly (seeded) from the rest; run BAIT on them. ``F`` is then estimated from
 (stratified: design and top rows count once, each random row ``(n_C - N) / M`` times), an unbiased
 estimate of the pool sum.
 
-**Cost model.** :func:`estimate_seconds` counts multiply-adds of the structured engine (setup, forward
-and backward steps) and divides by per-device rates (:data:`RATES`, calibrated on the 2-core CPU the
-benchmarks ran on); memory is :func:`selection.bait.estimate_bytes`. ``approx=None`` ("auto") keeps exact
-BAIT whenever it fits the time and memory budgets, and otherwise takes the first plan of a ladder
-(pre-filtering for pools above :data:`PREFILTER_MIN_CANDIDATES`, then top-``c`` classes, then the PCA
-projection to ``d/2, d/4, ...``) that fits. The plan and its estimate are recorded in the diagnostics.
+**Cost model.** :func:`estimate_phases` counts multiply-adds (and bytes, for streaming work) of the
+structured engine's setup, forward and backward steps and divides by the rates of this machine
+(:func:`selection.calibrate.machine_rates`: a microbenchmark per device, dtype and thread count, cached
+per process; ``BAIT_RATES=table`` for the committed table); memory is :func:`selection.bait.estimate_bytes`.
+``approx=None`` ("auto") keeps exact BAIT whenever it fits the time and memory budgets, and otherwise
+runs the plan of smallest estimated gap that fits, over pre-filtering, PCA dimensions, class
+approximations (top-``c``; top-``c`` plus sampled pseudo-labels, :func:`sampled_class_factor`) and
+forward-only picking (docs/algorithm-many-classes.md). The plan, what it gave up and its estimate are
+recorded in the diagnostics.
 """
 
 from __future__ import annotations
