@@ -30,6 +30,7 @@ import json
 import math
 import os
 import resource
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ class Row:
     #: measured on the first ``sub_n`` rows (exact BAIT vs the default plan there).
     kind: str = "standard"
     sub_n: int = 0
+    #: When set, the logits ``x @ w`` are rescaled to this standard deviation (``temp`` is then unused):
+    #: ``2.0`` at ``k = 100`` is the issue's uncertain head (mean top-1 probability ~0.26).
+    logit_std: float | None = None
 
 
 ROWS: list[Row] = [
@@ -115,6 +119,25 @@ ROWS: list[Row] = [
             "new step again": {"approx": "exact"},
         },
     ),
+    # Issue 29: an uncertain 100-class head (softmax of logits with std 2: mean top-1 ~0.26), the plain
+    # default call, and the gaps of what its plan does against exact BAIT where exact runs.
+    Row("k100-flat", 20_000, 512, 100, 100, logit_std=2.0, variants={"default plan": {}}),
+    Row(
+        "k100-flat-gap",
+        2_000,
+        64,
+        100,
+        20,
+        logit_std=2.0,
+        variants={
+            "default plan, 20 s budget": {"time_budget_s": 20.0},
+            "default plan, 60 s budget (the default)": {},
+            "sampled 12 + 4 (rank 16)": {"approx": "sampled", "approx_classes": 12, "approx_samples": 4},
+            "sampled 24 + 8 (rank 32)": {"approx": "sampled", "approx_classes": 24, "approx_samples": 8},
+            "topc 16 (rest merged)": {"approx": "topc", "approx_classes": 16},
+        },
+        gap=True,
+    ),
     # --smoke
     Row(
         "smoke-k-gap",
@@ -155,6 +178,19 @@ ROWS: list[Row] = [
     ),
     Row("smoke-auto", 2_000, 16, 30, 5, n_labeled=10, variants={"auto 0.5 s": {"time_budget_s": 0.5}}, smoke=True),
     Row(
+        "smoke-flat",
+        600,
+        8,
+        20,
+        5,
+        n_labeled=10,
+        logit_std=1.0,
+        dtype="float64",
+        variants={"auto 0.3 s": {"time_budget_s": 0.3}, "sampled": {"approx": "sampled"}},
+        gap=True,
+        smoke=True,
+    ),
+    Row(
         "smoke-step",
         3_000,
         16,
@@ -175,7 +211,10 @@ def make_data(row: Row, seed: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarr
     scale = (0.97 ** torch.arange(row.d, dtype=torch.float64)).to(dt)
     x = torch.randn(row.n, row.d, generator=gen, dtype=dt) * scale
     w = torch.randn(row.d, row.k, generator=gen, dtype=dt) * (row.temp / math.sqrt(row.d))
-    probs = torch.softmax(x @ w, dim=1)
+    logits = x @ w
+    if row.logit_std is not None:
+        logits = logits * (row.logit_std / float(logits.std()))
+    probs = torch.softmax(logits, dim=1)
     labeled = np.sort(np.random.default_rng(seed).choice(row.n, size=row.n_labeled, replace=False))
     return x, probs, labeled
 
@@ -187,11 +226,17 @@ def make_big(row: Row, seed: int, block: int = 65_536) -> tuple[torch.Tensor, to
     w = torch.randn(row.d, row.k, generator=gen) * (row.temp / math.sqrt(row.d))
     x = torch.empty(row.n, row.d, dtype=torch.float32)
     probs = torch.empty(row.n, row.k, dtype=torch.float32)
+    factor = 1.0
     for lo in range(0, row.n, block):
         hi = min(row.n, lo + block)
         torch.randn(hi - lo, row.d, generator=gen, out=x[lo:hi])
         x[lo:hi] *= scale
-        probs[lo:hi] = torch.softmax(x[lo:hi] @ w, dim=1)
+        logits = x[lo:hi] @ w
+        if row.logit_std is not None:
+            if lo == 0:  # the first block's logit scale sets the factor for all (i.i.d. rows)
+                factor = row.logit_std / float(logits.std())
+            logits *= factor
+        probs[lo:hi] = torch.softmax(logits, dim=1)
     labeled = np.sort(np.random.default_rng(seed).choice(row.n, size=row.n_labeled, replace=False))
     return x, probs, labeled
 
@@ -301,6 +346,85 @@ def run_big(row: Row, seed: int) -> dict[str, Any]:
     return out
 
 
+#: Issue 29's grid over n, d, k, B and softmax temperature (logit std): every cell the default call with a
+#: small time budget; the measured time must stay within 1.5x the budget, the estimate within 2x of it.
+#: (name, n, d, k, B, logit std)
+GRID: list[tuple[str, int, int, int, int, float]] = [
+    ("g01", 10_000, 64, 2, 10, 1.0),
+    ("g02", 10_000, 768, 10, 100, 2.0),
+    ("g03", 10_000, 128, 200, 50, 2.0),
+    ("g04", 10_000, 256, 26, 20, 4.0),
+    ("g05", 20_000, 512, 100, 100, 2.0),
+    ("g06", 20_000, 512, 100, 100, 8.0),
+    ("g07", 20_000, 64, 200, 500, 1.0),
+    ("g08", 50_000, 256, 50, 200, 3.0),
+    ("g09", 50_000, 768, 100, 10, 0.5),
+    ("g10", 100_000, 128, 10, 100, 3.0),
+    ("g11", 100_000, 64, 100, 500, 2.0),
+    ("g12", 100_000, 768, 2, 100, 1.0),
+    ("g13", 300_000, 384, 20, 100, 2.0),
+    ("g14", 1_000_000, 64, 10, 100, 2.0),
+    ("g15", 1_000_000, 64, 100, 50, 2.0),
+    ("g16", 1_000_000, 64, 2, 500, 4.0),
+]
+
+
+def run_grid(budget: float, seed: int, cells: list[str] | None) -> list[dict[str, Any]]:
+    """The default plan on each :data:`GRID` cell under ``time_budget_s=budget``; one table row each."""
+    import gc
+
+    import selection
+
+    print(
+        "| cell | n | d | k | B | logit std | mean top-1 | plan | est s | measured s | measured / budget | "
+        "est / measured | guard | estimated gap | load 1m before/after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out = []
+    for name, n, d, k, b, std in GRID:
+        if cells and name not in cells:
+            continue
+        row = Row(name, n, d, k, b, logit_std=std)
+        x, probs, labeled = make_big(row, seed) if n > 200_000 else make_data(row, seed)
+        top1 = float(probs.max(1).values.mean())
+        before = load1()
+        t0 = time.perf_counter()
+        res = selection.select("bait", embeddings=x, probs=probs, labeled=labeled, batch_size=b, time_budget_s=budget)
+        secs = time.perf_counter() - t0
+        diag = res.diagnostics
+        plan = diag["approximation"]
+        guard = diag.get("deadline", {})
+        cell = {
+            "cell": name,
+            "n": n,
+            "d": d,
+            "k": k,
+            "batch": b,
+            "logit_std": std,
+            "mean_top1": top1,
+            "plan": plan,
+            "estimated_s": plan["estimated_seconds"],
+            "seconds": secs,
+            "timings": diag["timings"],
+            "guard": guard,
+            "load": [before, load1()],
+            "objective": res.objective,
+            "objective_kind": diag.get("objective_kind", "exact"),
+        }
+        out.append(cell)
+        guard_s = ", ".join(f"{key}={val}" for key, val in guard.items()) or "-"
+        print(
+            f"| {name} | {n:,} | {d} | {k} | {b} | {std:g} | {top1:.2f} | {fmt_plan(plan)} | "
+            f"{plan['estimated_seconds']:.1f} | {secs:.1f} | {secs / budget:.2f} | "
+            f"{plan['estimated_seconds'] / secs:.2f} | {guard_s} | {plan.get('estimated_gap', 0.0):.3g} | "
+            f"{before:.1f}/{cell['load'][1]:.1f} |",
+            flush=True,
+        )
+        del x, probs, res
+        gc.collect()
+    return out
+
+
 def load1() -> float:
     return os.getloadavg()[0]
 
@@ -333,6 +457,7 @@ def run_row(row: Row, seed: int) -> dict[str, Any]:
                 "objective": exact_obj,
                 "gap": 0.0,
                 "plan": ex.diagnostics["approximation"],
+                "indices": ex.indices.tolist(),
             }
         )
     for label, all_params in row.variants.items():
@@ -369,12 +494,34 @@ def run_row(row: Row, seed: int) -> dict[str, Any]:
         if exact_obj is not None and res.objective is not None:
             run["gap"] = res.objective / exact_obj - 1.0
         out["runs"].append(run)
+    if row.gap and row.logit_std is not None:
+        rescore(row, out, x, probs, labeled)
     return out
+
+
+def rescore(row: Row, out: dict[str, Any], x: torch.Tensor, probs: torch.Tensor, labeled: np.ndarray) -> None:
+    """Gaps from one explicit float64 ``tr(M^{-1} F)`` for every run's set (the exact run's included).
+
+    A run's own ``objective`` is the exact one only when its ``objective_kind`` says so (an approximate
+    plan reports its projected/approximate value when the exact one does not fit its budget, and none
+    when the guard cut it), so gap rows of the flat-head rows compare sets, not reported values.
+    """
+    have = [run for run in out["runs"] if "indices" in run]
+    objs = exact_objectives(
+        x.to(torch.float64), probs.to(torch.float64), labeled, [np.asarray(r["indices"]) for r in have], batch=row.batch
+    )
+    for run, obj in zip(have, objs, strict=True):
+        run["reported_objective"] = run["objective"]
+        run["objective"] = obj
+    # The exact run (first): its set is recomputed when stored, else its own (exact) objective stands.
+    ref = out["runs"][0]["objective"]
+    for run in out["runs"]:
+        run["gap"] = run["objective"] / ref - 1.0
 
 
 def fmt_plan(plan: dict[str, Any]) -> str:
     parts = [plan["kind"]]
-    for key in ("pca_dim", "classes"):
+    for key in ("pca_dim", "classes", "samples", "oversample"):
         if key in plan:
             parts.append(f"{key}={plan[key]}")
     if "prefilter" in plan:
@@ -390,7 +537,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny rows only")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--grid", action="store_true", help="issue 29's grid of cells (default call, --budget)")
+    ap.add_argument("--budget", type=float, default=25.0, help="time_budget_s of the grid cells")
+    ap.add_argument("--cells", default="", help="comma-separated grid cells (default: all)")
+    ap.add_argument(
+        "--rescore", default="", help="a --json file of gap rows: recompute every set's exact objective and gap"
+    )
     args = ap.parse_args(argv)
+    if args.rescore:
+        with open(args.rescore) as fh:
+            saved = json.load(fh)
+        print(f"uptime: {uptime()}")
+        print("| row | variant | exact objective of the set | gap vs exact | reported objective | plan |")
+        print("|---|---|---|---|---|---|")
+        for res in saved:
+            row = next(r for r in ROWS if r.name == res["name"])
+            x, probs, labeled = make_data(row, args.seed)
+            rescore(row, res, x, probs, labeled)
+            for run in res["runs"]:
+                rep_obj = run.get("reported_objective")
+                print(
+                    f"| {row.name} | {run['variant']} | {run['objective']:.6g} | {100 * run['gap']:+.2f}% | "
+                    f"{'' if rep_obj is None else f'{rep_obj:.6g}'} | {fmt_plan(run['plan'])} |",
+                    flush=True,
+                )
+        return 0
+    if args.grid:
+        print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
+        print(f"uptime: {uptime()}")
+        print(f"grid: default call, time_budget_s={args.budget:g} (promise: measured <= {1.5 * args.budget:g} s)")
+        cells = [c.strip() for c in args.cells.split(",") if c.strip()] or None
+        results = run_grid(args.budget, args.seed, cells)
+        print(f"uptime: {uptime()}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(results, fh, indent=1, default=str)
+        return 0
     if args.rows:
         wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
         unknown = set(wanted) - {r.name for r in ROWS}
@@ -400,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = [r for r in ROWS if r.smoke == args.smoke]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
+    print(f"uptime: {uptime()}")
     print(
         "| row | variant | seconds | CPU s | setup s | ms/step | load 1m before/after | objective | gap vs exact "
         "| plan |"
@@ -422,10 +605,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'' if obj is None else f'{obj:.6g}'} | {gap_s} | {fmt_plan(run['plan'])}{peak} |",
                 flush=True,
             )
+    print(f"uptime: {uptime()}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1, default=str)
     return 0
+
+
+def uptime() -> str:
+    """The ``uptime`` line (load averages): the machine is shared, figures are read with it."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average " + " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -29,11 +29,13 @@ Work is done in the reduced class space (softmax null direction dropped, ``r = k
 ``P`` and ``Q`` and the backward pass are float64 whenever they fit ``max_memory_gb``; pool-sized
 GEMMs and the per-candidate state run in the dtype of ``problem.X``.
 
-Planning (selection/scale.py): ``approx=None`` ("auto") runs exact BAIT whenever a cost model says
-it fits ``time_budget_s`` and ``max_memory_gb``; otherwise the first plan that fits among candidate
-pre-filtering (pools above ``scale.PREFILTER_MIN_CANDIDATES``), top-``c`` class truncation of each
-candidate's Fisher (a PSD lower bound; per-candidate state ``c x c``) and the Fisher-weighted PCA
-projection. ``approx="exact"`` forces exact. The plan, its reason and its estimate are
+Planning (selection/scale.py, :func:`_plan`): ``approx=None`` ("auto") runs exact BAIT whenever a
+cost model with this machine's measured rates says it fits ``time_budget_s`` and ``max_memory_gb``;
+otherwise the plan of smallest estimated gap that fits, built from candidate pre-filtering, the
+Fisher-weighted PCA projection, a class approximation of each candidate's Fisher (top-``c``, or
+top-``c`` plus sampled pseudo-labels from the rest) and forward-only picking; a guard (:class:`_Guard`)
+stops the greedy passes so the call returns within 1.5x ``time_budget_s``
+(docs/algorithm-many-classes.md). ``approx="exact"`` forces exact. The plan, its reason and its estimate are
 ``diagnostics["approximation"]``; the objective reported for an approximate or pre-filtered run is
 the exact one of its set whenever that fits the budgets (``diagnostics["objective_kind"]``).
 """
@@ -54,7 +56,8 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from selection import fused
+from selection import fused, scale
+from selection.calibrate import machine_rates
 from selection.errors import InputDataError, MemoryBudgetError, ParameterError
 from selection.fisher import exact_objective, fisher_pca_basis, kron_sum, reduced_rank, row_factors
 from selection.linalg import (
@@ -72,24 +75,25 @@ from selection.problem import Problem, StrategyOutput, register
 from selection.scale import (
     PREFILTER_MIN_CANDIDATES,
     PREFILTER_TOP_FRACTION,
-    RATES,
     Prefilter,
     auto_classes,
     check_time_budget,
+    class_fisher_kept_many,
+    estimate_phases,
     estimate_seconds,
     ladder_dims,
     ladder_prefilter,
     parse_prefilter,
     prefilter_candidates,
     rest_mass,
-    topc_class_factor,
+    sampled_class_factor,
 )
 
 Tensor = torch.Tensor
 Mode = Literal["fisher", "identity", "logdet"]
 
 CONVENTIONS = ("reference", "paper", "sum")
-APPROXIMATIONS = ("pca", "topc", "pca+topc")
+APPROXIMATIONS = ("pca", "topc", "pca+topc", "sampled", "pca+sampled")
 #: Values of ``approx``: ``None``/``"auto"`` (exact when it fits ``time_budget_s`` and ``max_memory_gb``,
 #: else the cheapest plan of selection/scale.py that does), ``"exact"``/``"none"`` (forced), or a forced
 #: approximation.
@@ -102,7 +106,7 @@ APPROX_CHOICES = (None, "auto", "exact", "none", *APPROXIMATIONS)
 DEFAULT_TIME_BUDGET_S = 60.0
 #: The auto plan prefers exact BAIT on a pre-filtered pool and/or top-c classes over a PCA projection
 #: while their estimate is at most this factor over ``time_budget_s`` (see :func:`_plan`).
-PCA_TIME_SLACK = 2.0
+PCA_TIME_SLACK = 1.2
 _TIE_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 _GB = 1e9
 # Per-chunk state of the greedy step (CPU) is kept near this size. With the update in numpy
@@ -470,6 +474,52 @@ def _design_pairs(xl: Tensor, el: Tensor, kchol: Tensor) -> tuple[Tensor, Tensor
     return xl, tpairs.reshape(n_l, -1), iu
 
 
+#: The clock of the auto plan's guard (tests replace it with a fake one).
+_CLOCK: Callable[[], float] = time.perf_counter
+
+
+@dataclass
+class _Guard:
+    """The auto plan's hard time limit: the greedy passes ask it before each step whether to stop.
+
+    ``deadline`` is on :data:`_CLOCK`'s scale (``None``: no limit, as for forced plans). A pass that
+    stops records why in ``events``; the driver then completes the batch cheaply (see
+    :meth:`_Bait.forward` and :meth:`_Bait.backward`).
+    """
+
+    deadline: float | None = None
+    events: dict[str, Any] = field(default_factory=dict)
+
+    def stop(self, done: int, total: int, need: int, t0: float) -> bool:
+        """Stop before step ``done`` of ``total`` (``need`` are required for a batch) started at ``t0``?
+
+        With ``need`` steps done, stop when the remaining ones, at the mean step time so far, would end
+        past the deadline; before that, only when the next step would.
+        """
+        if self.deadline is None:
+            return False
+        now = _CLOCK()
+        per = (now - t0) / done if done else 0.0
+        if done >= need:
+            return now + per * (total - done) > self.deadline
+        return now + per > self.deadline
+
+    def past(self) -> bool:
+        return self.deadline is not None and _CLOCK() > self.deadline
+
+    def left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - _CLOCK()
+
+
+def _fill(scores: Tensor, eligible: Tensor, count: int) -> list[int]:
+    """The ``count`` eligible positions of largest score (NaN last, ties to the lower position)."""
+    vals = torch.where(eligible & ~torch.isnan(scores), scores.to(torch.float64), -math.inf)
+    vals = torch.where(eligible, vals, torch.full_like(vals, -math.inf))
+    order = torch.sort(-vals, stable=True).indices
+    ok = eligible[order]
+    return [int(i) for i in order[ok][:count]]
+
+
 @dataclass
 class _Timer:
     setup: float = 0.0
@@ -512,10 +562,13 @@ class _Bait:
         matrix_dtype: torch.dtype,
         n_threads: int = 1,
         classes: int | None = None,
+        samples: int = 0,
     ) -> None:
         self.problem = problem
-        # Top-c approximation: each candidate's factor keeps c columns (selection/scale.py).
+        # Class approximations (selection/scale.py): each candidate's factor keeps its top `classes`
+        # classes (rest merged) plus `samples` pseudo-labels drawn from the rest: c + s columns.
         self.classes = classes
+        self.samples = samples if classes is not None else 0
         self.n_threads = max(1, n_threads)
         self.x_all = x  # n x d (state dtype)
         self.probs = problem.probs
@@ -536,7 +589,7 @@ class _Bait:
         self.sdt = torch.float64 if self.r == 1 else x.dtype
         self.big_d = self.r * self.d
         self.rtol = _TIE_RTOL.get(self.sdt, 1e-5)
-        rc = self.r if classes is None else classes
+        rc = self.r if classes is None else classes + self.samples
         cand_bytes = max(1, (self.d + 4 * self.r * rc) * torch.finfo(self.sdt).bits // 8)
         self.step_chunk = max(64, min(problem.chunk_size, _STEP_CHUNK_BYTES // cand_bytes))
         if x.device.type == "cuda":
@@ -693,7 +746,8 @@ class _Bait:
         # Candidates: embeddings, scaled factors, g and h (notes sec. 2(a)).
         xc = self.x_all if n_cand == self.n else self.x_all[cand]
         if self.classes is not None and self.probs is not None:
-            e = topc_class_factor(self.probs[cand], self.classes, dtype=sdt)  # n_C x r x c
+            # n_C x r x (c + s); the draws are seeded by the problem's seed
+            e = sampled_class_factor(self.probs[cand], self.classes, self.samples, dtype=sdt, seed=prob.seed)
         else:
             e = row_factors(None if self.probs is None else self.probs[cand], n_cand, dtype=sdt, device=dev)
         e *= math.sqrt(self.w_picked)
@@ -927,8 +981,16 @@ class _Bait:
         return trace_solve_scores(g, h, sigma, half_h=half_h)
 
     # ---- passes ---------------------------------------------------------------------------------
-    def forward(self, st: _State, n_steps: int) -> tuple[list[int], list[float]]:
-        """Greedy forward pass; returns candidate positions in pick order and their gains."""
+    def forward(
+        self, st: _State, n_steps: int, guard: _Guard | None = None, need: int = 0
+    ) -> tuple[list[int], list[float]]:
+        """Greedy forward pass; returns candidate positions in pick order and their gains.
+
+        With a ``guard`` that says stop, the pass ends early; fewer than ``need`` picks are then completed
+        by the last step's scores (the best remaining single-point gains, without updates between them),
+        recorded in ``guard.events``.
+        """
+        guard = guard or _Guard()
         n_cand = st.x.shape[0]
         cs = self.step_chunk
         chosen = torch.zeros(n_cand, dtype=torch.bool, device=self.device)
@@ -972,8 +1034,12 @@ class _Bait:
             for _ in workers.map(score_chunk, bounds):
                 pass
             if st.h is not None and half_h and self.device.type == "cpu" and _fused_step_enabled():
-                return self._forward_fused(st, n_steps, scores, eligible, workers)
+                return self._forward_fused(st, n_steps, scores, eligible, workers, guard, need)
+            t0 = _CLOCK()
             for step in range(n_steps):
+                if guard.stop(step, n_steps, need, t0):
+                    self._cut(guard, picks, n_steps, need, scores, eligible)
+                    break
                 pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
                 picks.append(pos)
                 chosen[pos] = True
@@ -992,8 +1058,27 @@ class _Bait:
             st.h = st.h + st.h.transpose(1, 2)
         return picks, gains
 
+    @staticmethod
+    def _cut(guard: _Guard, picks: list[int], n_steps: int, need: int, scores: Tensor, eligible: Tensor) -> None:
+        """Record a forward pass stopped by the guard; complete it to ``need`` picks from ``scores``."""
+        guard.events["forward_stopped_at"] = len(picks)
+        guard.events["forward_planned"] = n_steps
+        if len(picks) < need:
+            extra = _fill(scores, eligible, need - len(picks))
+            guard.events["filled"] = len(extra)
+            for pos in extra:
+                eligible[pos] = False
+            picks.extend(extra)
+
     def _forward_fused(
-        self, st: _State, n_steps: int, scores: Tensor, eligible: Tensor, workers: _Workers
+        self,
+        st: _State,
+        n_steps: int,
+        scores: Tensor,
+        eligible: Tensor,
+        workers: _Workers,
+        guard: _Guard,
+        need: int,
     ) -> tuple[list[int], list[float]]:
         """The forward pass's steps on CPU with the compiled per-candidate kernel (:mod:`selection.fused`).
 
@@ -1052,7 +1137,11 @@ class _Bait:
 
         picks: list[int] = []
         gains: list[float] = []
+        t0 = _CLOCK()
         for step in range(n_steps):
+            if guard.stop(step, n_steps, need, t0):
+                self._cut(guard, picks, n_steps, need, scores, eligible)
+                break
             pos = _first_best(scores, eligible, maximize=True, rtol=self.rtol)
             picks.append(pos)
             eligible[pos] = False
@@ -1071,15 +1160,30 @@ class _Bait:
         st.h = h + h.transpose(1, 2)
         return picks, gains
 
-    def backward(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
-        """Backward pruning in the matrix dtype; returns the kept positions in forward order."""
+    def backward(self, st: _State, picks: list[int], n_keep: int, guard: _Guard | None = None) -> list[int]:
+        """Backward pruning in the matrix dtype; returns the kept positions in forward order.
+
+        With a ``guard`` that says stop, the remaining removals are made at once by the current scores
+        (the smallest increases of ``tr(M^{-1} F)``, without updates between them), recorded in
+        ``guard.events``.
+        """
+        guard = guard or _Guard()
         rc = int(st.et.shape[1])
         if self.device.type == "cpu" and _fused_step_enabled() and _span_backward(len(picks) * rc, self.big_d):
             # CPU only so far: the CUDA path keeps the backward pass its GPU figures were measured with.
-            return self._backward_gram(st, picks, n_keep)
+            return self._backward_gram(st, picks, n_keep, guard)
         self._fold_lazy(st)
         with _Workers(self.n_threads) as workers:
-            return self._backward(st, picks, n_keep, workers)
+            return self._backward(st, picks, n_keep, workers, guard)
+
+    @staticmethod
+    def _cut_backward(guard: _Guard, scores: Tensor, alive: Tensor, count: int, done: int) -> None:
+        """Remove ``count`` alive picks of smallest removal score at once (guard stop)."""
+        worst = _fill(-scores, alive, count)
+        for j in worst:
+            alive[j] = False
+        guard.events["backward_stopped_at"] = done
+        guard.events["removed_at_once"] = len(worst)
 
     def _pick_gram(self, mat: Tensor, x: Tensor, e: Tensor) -> Tensor:
         """``V^T mat V`` for the picks' factors ``V = [V_1 .. V_m]``, ``V_j = (I_r ⊗ x_j) E_j``, symmetrised.
@@ -1119,7 +1223,7 @@ class _Bait:
         st.lazy_u = st.lazy_r = None
         st.lazy_k = 0
 
-    def _backward_gram(self, st: _State, picks: list[int], n_keep: int) -> list[int]:
+    def _backward_gram(self, st: _State, picks: list[int], n_keep: int, guard: _Guard) -> list[int]:
         """Backward pruning in the span of the picks (exact, no ``D x D`` update per removal).
 
         Everything a removal needs is a product ``V_i^T P V_j`` or ``V_i^T Q V_j`` between picks:
@@ -1152,10 +1256,14 @@ class _Bait:
         eye = torch.eye(rc, dtype=mdt, device=self.device)
         alive = torch.ones(m, dtype=torch.bool, device=self.device)
         rtol = _TIE_RTOL.get(mdt, 1e-5)
-        for _ in range(m - n_keep):
+        t0 = _CLOCK()
+        for done in range(m - n_keep):
             g = gram_p.view(m, rc, m, rc).diagonal(dim1=0, dim2=2).permute(2, 0, 1).contiguous()
             h = gram_q.view(m, rc, m, rc).diagonal(dim1=0, dim2=2).permute(2, 0, 1).contiguous()
             scores = trace_solve_scores(g, h, -1.0)
+            if guard.stop(done, m - n_keep, m - n_keep, t0):
+                self._cut_backward(guard, scores, alive, m - n_keep - done, done)
+                break
             j = _first_best(scores, alive, maximize=False, rtol=rtol)
             alive[j] = False
             sl = slice(j * rc, (j + 1) * rc)
@@ -1180,7 +1288,7 @@ class _Bait:
         kept = {order[j] for j in range(m) if bool(alive[j])}
         return [p for p in picks if p in kept]
 
-    def _backward(self, st: _State, picks: list[int], n_keep: int, workers: _Workers) -> list[int]:
+    def _backward(self, st: _State, picks: list[int], n_keep: int, workers: _Workers, guard: _Guard) -> list[int]:
         assert st.q is not None
         mdt = self.mdt
         order = sorted(picks)  # ascending candidate position = ascending pool row
@@ -1193,8 +1301,13 @@ class _Bait:
         h = et @ block_quadratic_forms(x, st.q) @ e
         alive = torch.ones(len(order), dtype=torch.bool, device=self.device)
         rtol = _TIE_RTOL.get(mdt, 1e-5)
-        for _ in range(len(order) - n_keep):
+        t0 = _CLOCK()
+        n_remove = len(order) - n_keep
+        for done in range(n_remove):
             scores = trace_solve_scores(g, h, -1.0)
+            if guard.stop(done, n_remove, n_remove, t0):
+                self._cut_backward(guard, scores, alive, n_remove - done, done)
+                break
             j = _first_best(scores, alive, maximize=False, rtol=rtol)
             alive[j] = False
             blocks, delta, jobs = self._rank_update(st, x[j], e[j], -1.0, workers)
@@ -1223,6 +1336,11 @@ class _Plan:
     reason: str = ""
     estimated_s: float = 0.0
     estimated_bytes: int = 0
+    samples: int = 0  # pseudo-labels drawn from the rest per candidate (with classes; 0: plain top-c)
+    oversample: float | None = None  # forward picks per batch slot when the plan changes it (auto: 1)
+    objective: bool = False  # compute the exact objective of the set afterwards (approximate plans)
+    estimated_gap: float | None = None  # the gap model's estimate (auto plans)
+    gave_up: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
@@ -1230,16 +1348,29 @@ class _Plan:
             out["pca_dim"] = self.dim
         if self.classes is not None:
             out["classes"] = self.classes
+            if self.samples:
+                out["samples"] = self.samples
         if self.prefilter is not None:
             out["prefilter"] = self.prefilter.describe()
+        if self.oversample is not None:
+            out["oversample"] = self.oversample
         out["reason"] = self.reason
+        if self.estimated_gap is not None:
+            out["estimated_gap"] = float(f"{self.estimated_gap:.3g}")
+            out["gave_up"] = list(self.gave_up)
         out["estimated_seconds"] = float(f"{self.estimated_s:.3g}")
         out["estimated_gb"] = float(f"{self.estimated_bytes / _GB:.3g}")
         return out
 
 
-def _check_approx(approx: str | None, approx_dim: int | None, approx_classes: int | None, problem: Problem) -> str:
-    """The requested approximation kind: ``"auto"``, ``"exact"``, ``"pca"``, ``"topc"`` or ``"pca+topc"``."""
+def _check_approx(
+    approx: str | None,
+    approx_dim: int | None,
+    approx_classes: int | None,
+    problem: Problem,
+    approx_samples: int | None = None,
+) -> str:
+    """The requested approximation kind: ``"auto"``, ``"exact"`` or one of :data:`APPROXIMATIONS`."""
     if approx is None or approx == "auto":
         kind = "auto"
     elif approx in ("exact", "none"):
@@ -1250,21 +1381,62 @@ def _check_approx(approx: str | None, approx_dim: int | None, approx_classes: in
         raise ParameterError(f"unknown approx {approx!r}; expected one of {APPROX_CHOICES}")
     d = problem.d
     if approx_dim is not None:
-        if kind not in ("auto", "pca", "pca+topc"):
-            raise ParameterError("approx_dim is only used with approx='pca' or 'pca+topc' (or auto)")
+        if kind not in ("auto", "pca", "pca+topc", "pca+sampled"):
+            raise ParameterError("approx_dim is only used with approx='pca', 'pca+topc' or 'pca+sampled' (or auto)")
         if isinstance(approx_dim, bool) or not isinstance(approx_dim, int) or not 1 <= approx_dim <= d:
             raise ParameterError(f"approx_dim must be an integer in [1, d={d}], got {approx_dim!r}")
     if approx_classes is not None:
-        if kind not in ("auto", "topc", "pca+topc"):
+        if kind not in ("auto", "topc", "pca+topc", "sampled", "pca+sampled"):
             raise ParameterError("approx_classes is only used with approx='topc' or 'pca+topc' (or auto)")
         if problem.probs is None:
             raise ParameterError("approx_classes needs class probabilities (classification)")
         k = problem.k
-        if isinstance(approx_classes, bool) or not isinstance(approx_classes, int) or not 1 <= approx_classes < k:
-            raise ParameterError(f"approx_classes must be an integer in [1, k-1={k - 1}], got {approx_classes!r}")
-    if kind in ("topc", "pca+topc") and problem.probs is None:
+        low = 0 if kind in ("sampled", "pca+sampled") else 1
+        bad = isinstance(approx_classes, bool) or not isinstance(approx_classes, int)
+        if bad or not low <= approx_classes < k:
+            raise ParameterError(f"approx_classes must be an integer in [{low}, k-1={k - 1}], got {approx_classes!r}")
+    if approx_samples is not None:
+        if kind not in ("sampled", "pca+sampled"):
+            raise ParameterError("approx_samples is only used with approx='sampled' or 'pca+sampled'")
+        if problem.probs is None:
+            raise ParameterError("approx_samples needs class probabilities (classification)")
+        bad = isinstance(approx_samples, bool) or not isinstance(approx_samples, int)
+        if bad or not 1 <= approx_samples < problem.k:
+            raise ParameterError(
+                f"approx_samples must be an integer in [1, k-1={problem.k - 1}], got {approx_samples!r}"
+            )
+    if kind in ("topc", "pca+topc", "sampled", "pca+sampled") and problem.probs is None:
         raise ParameterError(f"approx={kind!r} truncates classes and needs class probabilities (classification)")
     return kind
+
+
+#: Rough objective gaps per unit of what a plan gives up, to rank plans (the estimated gap in the
+#: diagnostics): measured on synthetic pools at lam = 0.01 (docs/algorithm-many-classes.md). A halving
+#: of the candidates by the pre-filter (below PREFILTER_MIN_KEEP or on pools under
+#: PREFILTER_MIN_CANDIDATES; above, pre-filtering is free: 10^6 -> 10^4 rows cost 1.3 %), the
+#: fraction of the Fisher-weighted embedding variance a projection drops, the fraction of the class
+#: Fisher's trace outside the top rc classes of a candidate (k = 100, flat head: 50 / 35 / 21 / 9 %
+#: outside the top 4 / 8 / 16 / 32 gave gaps of 15 / 10 / 5 / 0.5-3.5 %), and forward-only picking.
+GAP_PER_PREFILTER_HALVING = 0.004
+GAP_PER_PCA_VARIANCE = 1.0
+GAP_PER_CLASS_FISHER = 0.3
+GAP_FORWARD_ONLY = 0.01
+#: Per-candidate ranks (top + sampled columns) the auto plan tries when the top-c mass rule keeps more.
+SAMPLED_RANKS = (48, 32, 24, 16, 12, 8, 6, 4)
+#: Default rank of approx="sampled" / "pca+sampled" when approx_classes / approx_samples are not given.
+SAMPLED_DEFAULT_RANK = 16
+#: The auto plan's hard guard: the greedy passes stop (and the batch is completed cheaply) so that the
+#: call returns by this factor times time_budget_s (the promise is 1.5x; the rest is the fill and return).
+GUARD_FACTOR = 1.35
+#: Smallest candidate count the auto pre-filter goes down to on pools below PREFILTER_MIN_CANDIDATES
+#: (times the forward picks, at least).
+PREFILTER_FLOOR = 1_000
+
+
+def _sampled_split(rank: int, r: int) -> tuple[int, int]:
+    """``(top, sampled)`` columns for a per-candidate rank: three quarters exact top classes, the rest sampled."""
+    top = min(r - 1, (3 * rank) // 4)
+    return top, max(1, min(rank, r) - top)
 
 
 def _plan(
@@ -1280,18 +1452,34 @@ def _plan(
     budget_gb: float,
     time_budget_s: float,
     lam: float,
+    approx_samples: int | None = None,
 ) -> _Plan:
-    """Choose what to run (module docstring of selection/scale.py): forced kinds as asked, auto by cost."""
+    """Choose what to run (module docstring of selection/scale.py): forced kinds as asked, auto by cost.
+
+    Auto: exact when its estimate fits ``time_budget_s`` and ``max_memory_gb``; else, among the plans
+    built from a pre-filter, a PCA dimension, a class approximation (top-c by the mass rule, or top +
+    sampled columns) and forward-only picking, the one with the smallest estimated gap whose estimate
+    fits both budgets (ties: the faster). With none inside the time budget, the fastest that fits memory.
+    """
     r = reduced_rank(problem.probs)
     b = problem.batch_size
     n_design = int(problem.in_design.numel())
     n_cand_all = int(problem.candidates.numel())
     d = problem.d
     dtypes = [torch.float64] if problem.dtype == torch.float64 else [torch.float64, problem.dtype]
+    threads = resolve_threads(problem.device)
+    exact_obj_mem = (
+        estimate_bytes(n_cand=0, d=d, r=r, matrix_dtype=torch.float64, state_dtype=torch.float64, mode=mode)
+        <= budget_gb * _GB
+    )
+    exact_obj_s = _objective_seconds(problem, r, mode)
+    # The exact objective of an approximate plan's set is computed when it fits memory and a quarter of
+    # the time budget (else the approximate one is reported).
+    objective_ok = mode != "logdet" and exact_obj_mem and exact_obj_s <= 0.25 * time_budget_s
 
-    def cost(n_keep: int, rows: int, dim: int, classes: int | None) -> tuple[float, int]:
-        n_fwd = b if not backward else min(n_keep, max(b, math.floor(oversample * b + 1e-9)))
-        rc = r if classes is None else classes
+    def cost(n_keep: int, rows: int, dim: int, rc: int, ov: float, approximate: bool) -> tuple[float, int, bool]:
+        n_fwd = b if not backward else min(n_keep, max(b, math.floor(ov * b + 1e-9)))
+        obj = approximate and objective_ok
         secs = estimate_seconds(
             n_rows=rows,
             n_cand=n_keep,
@@ -1305,18 +1493,35 @@ def _plan(
             device=problem.device,
             dtype=problem.dtype,
             pca_from=d if dim != d else None,
+            n_pool=problem.n,
+            objective=obj,
+            threads=threads,
         )
         mem = min(
             estimate_bytes(n_cand=n_keep, d=dim, r=r, matrix_dtype=dt, state_dtype=problem.dtype, mode=mode, rc=rc)
             for dt in dtypes
         )
-        return secs, mem
+        return secs, mem, obj
 
-    def make(kind_: str, dim: int | None, classes: int | None, pf: Prefilter | None, reason: str) -> _Plan:
+    def make(
+        kind_: str,
+        dim: int | None,
+        classes: int | None,
+        pf: Prefilter | None,
+        reason: str,
+        samples: int = 0,
+        ov: float | None = None,
+    ) -> _Plan:
         n_keep = n_cand_all if pf is None else min(n_cand_all, pf.top + pf.random)
         rows = problem.n if pf is None else n_design + n_keep
-        secs, mem = cost(n_keep, rows, d if dim is None else dim, classes)
-        return _Plan(kind_, dim, classes, pf, reason, secs, mem)
+        rc = r if classes is None else classes + samples
+        approximate = dim is not None or classes is not None or pf is not None
+        ov_run = oversample if ov is None else ov
+        secs, mem, obj = cost(n_keep, rows, d if dim is None else dim, rc, ov_run, approximate)
+        plan = _Plan(kind_, dim, classes, pf, reason, secs, mem, samples=samples)
+        plan.oversample = ov
+        plan.objective = obj
+        return plan
 
     def fits(p: _Plan) -> bool:
         return p.estimated_bytes <= budget_gb * _GB and p.estimated_s <= time_budget_s
@@ -1329,83 +1534,167 @@ def _plan(
         )
     if kind == "exact":
         return make("exact", None, None, explicit, "forced (approx='exact')")
-    if kind in ("pca", "pca+topc", "topc"):
+    if kind in ("pca", "pca+topc", "topc", "sampled", "pca+sampled"):
         classes = None
-        if kind != "pca" and problem.probs is not None:
+        samples = 0
+        if kind in ("topc", "pca+topc") and problem.probs is not None:
             classes = approx_classes if approx_classes is not None else auto_classes(problem.probs, lam=lam)
+        if kind in ("sampled", "pca+sampled"):
+            top, samples = _sampled_split(min(SAMPLED_DEFAULT_RANK, r), r)
+            classes = approx_classes if approx_classes is not None else top
+            if approx_samples is not None:
+                samples = approx_samples
+            elif classes + samples > r:
+                samples = max(1, r - classes)
+            if classes + samples > r or samples < 1:
+                raise ParameterError(
+                    f"approx_classes + approx_samples must be at most k-1={r} (with approx_samples >= 1), "
+                    f"got {classes} + {samples}"
+                )
         dim = None
-        if kind != "topc":
+        if kind.startswith("pca"):
             if approx_dim is None:
                 # Default d // 4, shrunk until the exact method on the projection fits the memory budget.
                 dim = max(1, d // 4)
-                while dim > 1 and make(kind, dim, classes, explicit, "").estimated_bytes > budget_gb * _GB:
+                while dim > 1 and make(kind, dim, classes, explicit, "", samples).estimated_bytes > budget_gb * _GB:
                     dim -= 1
             else:
                 dim = approx_dim
-        return make(kind, dim, classes, explicit, f"forced (approx={kind!r})")
+        return make(kind, dim, classes, explicit, f"forced (approx={kind!r})", samples)
 
     # auto
     exact = make("exact", None, None, explicit, "fits the budgets")
+    exact.estimated_gap = 0.0
     if fits(exact):
         return exact
     over = (
         f"exact needs ~{exact.estimated_s:.0f} s and {exact.estimated_bytes / _GB:.2f} GB "
         f"(budgets {time_budget_s:g} s, {budget_gb:g} GB)"
     )
-    tried: list[_Plan] = [exact]
-    pf_options: list[Prefilter | None] = [explicit]
-    if prefilter == "auto" and n_cand_all > PREFILTER_MIN_CANDIDATES:
-        pf_options = []
-        for keep in ladder_prefilter(n_cand_all):
+    # The options of each knob with its estimated gap.
+    pf_opts: list[tuple[Prefilter | None, float, str]] = [(explicit, 0.0, "")]
+    n_fwd_max = min(n_cand_all, max(b, math.floor(oversample * b + 1e-9)))
+    if prefilter == "auto":
+        big_pool = n_cand_all > PREFILTER_MIN_CANDIDATES
+        keeps = ladder_prefilter(n_cand_all) if big_pool else []
+        floor = max(PREFILTER_FLOOR, 4 * n_fwd_max)
+        keep = (keeps[-1] if keeps else n_cand_all) // 2
+        while keep >= floor:
+            keeps.append(keep)
+            keep //= 2
+        for i, keep in enumerate(keeps):
+            halvings = math.log2(n_cand_all / keep)
+            free = big_pool and keep >= scale.PREFILTER_MIN_KEEP
+            # Free halvings still rank below no pre-filter, larger keeps first.
+            gap = 1e-6 * (i + 1) if free else GAP_PER_PREFILTER_HALVING * halvings
             n_top = round(PREFILTER_TOP_FRACTION * keep)
-            pf = Prefilter(top=n_top, random=keep - n_top, score="gradnorm")
-            plan = make("exact", None, None, pf, f"{over}; pre-filtered to {keep} candidates")
-            tried.append(plan)
-            if fits(plan):
-                return plan
-            pf_options = [pf]  # the smallest tried: approximations below run on it
-    pf_use = pf_options[-1]
-    reason = over if pf_use is explicit or pf_use is None else f"{over}; pre-filtered"
-    classes_auto = auto_classes(problem.probs, lam=lam) if problem.probs is not None and r > 2 else r
-    classes = classes_auto if classes_auto < r else None
-    if classes is not None:
-        plan = make("topc", None, classes, pf_use, reason)
-        tried.append(plan)
-        if fits(plan):
-            return plan
-    # The projection costs the most objective (+2 to +28 % in README's gap rows at lam = 0.01; top-c
-    # and pre-filtering < 1 %): it is taken only when no plan without it comes within PCA_TIME_SLACK
-    # times the time budget (an estimate, not a deadline).
-    no_pca = [p for p in tried if p.estimated_bytes <= budget_gb * _GB]
-    if no_pca:
-        best = min(no_pca, key=lambda p: p.estimated_s)
-        if best.estimated_s <= PCA_TIME_SLACK * time_budget_s:
-            best.reason = (
-                f"{best.reason}; est. {best.estimated_s:.0f} s, within {PCA_TIME_SLACK:g}x the time budget: "
+            pf_opts.append(
+                (Prefilter(top=n_top, random=keep - n_top, score="gradnorm"), gap, f"pre-filtered to {keep} candidates")
+            )
+    dims = [d, *(ladder_dims(d) if approx_dim is None else [approx_dim])]
+    kept = _variance_kept(problem, dims) if len(dims) > 1 else {d: 1.0}
+    dim_opts = [(dim, GAP_PER_PCA_VARIANCE * (1.0 - kept[dim])) for dim in dims]
+    cls_opts: list[tuple[int | None, int, float]] = [(None, 0, 0.0)]  # (top classes, samples, gap)
+    cls_kept: dict[int, float] = {}
+    if problem.probs is not None and r > 2:
+        c_auto = approx_classes if approx_classes is not None else auto_classes(problem.probs, lam=lam)
+        ranks = [rank for rank in SAMPLED_RANKS if rank < min(c_auto, r)]
+        cls_kept.update(class_fisher_kept_many(problem.probs, [c_auto, *ranks]))
+        if c_auto < r:
+            cls_opts.append((c_auto, 0, GAP_PER_CLASS_FISHER * (1 - cls_kept[c_auto])))
+        for rank in ranks:
+            n_top, n_smp = _sampled_split(rank, r)
+            cls_opts.append((n_top, n_smp, GAP_PER_CLASS_FISHER * (1 - cls_kept[rank])))
+    ov_opts = [(oversample, 0.0)]
+    if backward and oversample > 1:
+        ov_opts.append((1.0, GAP_FORWARD_ONLY))
+
+    plans: list[_Plan] = []
+    for pf_opt, g_pf, why_pf in pf_opts:
+        for dim, g_dim in dim_opts:
+            for c_top, smp, g_cls in cls_opts:
+                for ov, g_ov in ov_opts:
+                    if pf_opt is explicit and dim == d and c_top is None and ov == oversample:
+                        plans.append(exact)
+                        continue
+                    kind_ = "exact" if c_top is None else ("sampled" if smp else "topc")
+                    if dim != d:
+                        kind_ = "pca" if c_top is None else f"pca+{kind_}"
+                    ov_plan = None if ov == oversample else ov
+                    plan = make(kind_, None if dim == d else dim, c_top, pf_opt, "", smp, ov_plan)
+                    plan.estimated_gap = g_pf + g_dim + g_cls + g_ov
+                    plan.reason = "; ".join(x for x in (over, why_pf) if x)
+                    plans.append(plan)
+    in_memory = [p for p in plans if p.estimated_bytes <= budget_gb * _GB]
+    if not in_memory:
+        cheapest = min(plans, key=lambda p: p.estimated_bytes)
+        raise MemoryBudgetError(
+            f"no BAIT plan fits max_memory_gb={budget_gb:g}: {over}; the smallest plan tried "
+            f"({cheapest.describe()}) needs {cheapest.estimated_bytes / _GB:.2f} GB. Raise max_memory_gb, force an "
+            "approximation (approx='pca' with a small approx_dim, approx='topc' with approx_classes), or "
+            "pre-filter the pool (prefilter={'top': N, 'random': M})."
+        )
+
+    def gave_up(p: _Plan) -> _Plan:
+        if p.prefilter is not None and p.prefilter is not explicit:
+            keep = p.prefilter.top + p.prefilter.random
+            p.gave_up.append(f"candidates: pre-filtered to {keep} of {n_cand_all}")
+        if p.dim is not None:
+            p.gave_up.append(
+                f"dimensions: PCA to {p.dim} of {d} ({100 * (1 - kept[p.dim]):.1f} % of the Fisher-weighted "
+                "embedding variance dropped)"
+            )
+        if p.classes is not None:
+            rank = p.classes + p.samples
+            how = f"top {p.classes}" + (f" + {p.samples} sampled pseudo-labels" if p.samples else " (rest merged)")
+            outside = 1 - cls_kept.get(rank, 1.0)
+            p.gave_up.append(
+                f"classes: {how} per candidate instead of {r} ({100 * outside:.1f} % of the class Fisher "
+                f"outside the top {rank} classes)"
+            )
+        if p.oversample is not None:
+            p.gave_up.append(f"oversampling: {p.oversample:g}x forward picks instead of {oversample:g}x")
+        return p
+
+    fitting = [p for p in in_memory if p.estimated_s <= time_budget_s]
+    best = min(fitting, key=lambda p: (p.estimated_gap or 0.0, p.estimated_s)) if fitting else None
+    if best is None or best.dim is not None:
+        # A projection is a coarse loss: a plan without one, better by the gap model and within
+        # PCA_TIME_SLACK of the budget, runs instead (the guard holds the time).
+        no_pca = [
+            p
+            for p in in_memory
+            if p.dim is None
+            and (best is None or (p.estimated_gap or 0.0) < (best.estimated_gap or 0.0))
+            and p.estimated_s <= PCA_TIME_SLACK * time_budget_s
+        ]
+        if no_pca:
+            alt = min(no_pca, key=lambda p: (p.estimated_gap or 0.0, p.estimated_s))
+            alt.reason = (
+                f"{alt.reason}; est. {alt.estimated_s:.0f} s, within {PCA_TIME_SLACK:g}x the time budget: "
                 "no PCA projection"
             )
-            return best
-    for dim in ladder_dims(d) if approx_dim is None else [approx_dim]:
-        plan = make("pca" if classes is None else "pca+topc", dim, classes, pf_use, reason)
-        tried.append(plan)
-        if fits(plan):
-            return plan
-    # The time budget is an estimate, memory is not: with nothing inside both, run the fastest plan
-    # that fits the memory budget (exact first among equals), and say so.
-    in_memory = [p for p in tried if p.estimated_bytes <= budget_gb * _GB]
-    if in_memory:
-        best = min(in_memory, key=lambda p: p.estimated_s)
-        best.reason = f"{best.reason}; no plan fits the time budget: the fastest that fits memory"
-        if best is exact:
-            best.reason = f"{over}; no plan fits the time budget and exact fits memory"
-        return best
-    cheapest = min(tried, key=lambda p: p.estimated_bytes)
-    raise MemoryBudgetError(
-        f"no BAIT plan fits max_memory_gb={budget_gb:g}: {over}; the smallest plan tried "
-        f"({cheapest.describe()}) needs {cheapest.estimated_bytes / _GB:.2f} GB. Raise max_memory_gb, force an "
-        "approximation (approx='pca' with a small approx_dim, approx='topc' with approx_classes), or "
-        "pre-filter the pool (prefilter={'top': N, 'random': M})."
-    )
+            return gave_up(alt)
+    if best is None:
+        best = min(in_memory, key=lambda p: (p.estimated_s, p.estimated_gap or 0.0))
+        best.reason = (
+            f"{best.reason}; no plan fits the time budget: the fastest that fits memory (the guard holds the time)"
+        )
+    return gave_up(best)
+
+
+def _variance_kept(problem: Problem, dims: list[int], sample: int = 4096) -> dict[int, float]:
+    """Fraction of the Fisher-weighted embedding variance each PCA dimension keeps (a row subsample)."""
+    step = max(1, problem.n // sample)
+    x = problem.X[::step].to(torch.float64)
+    w = torch.ones(x.shape[0], dtype=torch.float64, device=x.device)
+    if problem.probs is not None:
+        p = problem.probs[::step].to(torch.float64)
+        w = 1.0 - (p * p).sum(1)
+    evals = torch.linalg.eigvalsh(x.T @ (x * w[:, None])).flip(0).clamp_min(0)
+    total = float(evals.sum())
+    cum = evals.cumsum(0)
+    return {dim: (float(cum[dim - 1]) / total if total > 0 else 1.0) for dim in dims}
 
 
 def _prefiltered(problem: Problem, pf: Prefilter, weights: Tensor | None) -> tuple[Problem, Tensor, Tensor, int]:
@@ -1450,13 +1739,17 @@ def _run(
     approx_classes: int | None = None,
     prefilter: Any = None,
     time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+    approx_samples: int | None = None,
 ) -> StrategyOutput:
     t_start = time.perf_counter()
     lam = _check_lam(lam)
     oversample = _check_oversample(oversample)
     budget = _check_budget(max_memory_gb)
     time_budget = check_time_budget(time_budget_s)
-    kind = _check_approx(approx, approx_dim, approx_classes, problem)
+    kind = _check_approx(approx, approx_dim, approx_classes, problem, approx_samples)
+    # The auto plan's promise: the call returns within 1.5x time_budget_s (the guard stops the greedy
+    # passes at GUARD_FACTOR x; forced plans run as asked).
+    guard = _Guard(deadline=_CLOCK() + GUARD_FACTOR * time_budget if kind == "auto" else None)
     pf_spec = parse_prefilter(prefilter, regression=problem.probs is None)
     if convention not in CONVENTIONS:
         raise ParameterError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
@@ -1466,6 +1759,13 @@ def _run(
     if problem.dtype not in (torch.float32, torch.float64):
         raise InputDataError(f"BAIT needs float32 or float64 embeddings, got {problem.dtype}")
 
+    if kind == "auto":
+        # Measure this machine's rates now (once per process; the first call pays ~0.3-2 s and the
+        # compiled step's load) and plan with what is left of the budget.
+        machine_rates(problem.device, problem.dtype, resolve_threads(problem.device))
+        time_budget_plan = max(1e-3, time_budget - (_CLOCK() - (guard.deadline or 0.0) + GUARD_FACTOR * time_budget))
+    else:
+        time_budget_plan = time_budget
     with torch.no_grad():
         plan = _plan(
             problem,
@@ -1477,8 +1777,9 @@ def _run(
             oversample=oversample,
             backward=backward,
             budget_gb=budget,
-            time_budget_s=time_budget,
+            time_budget_s=time_budget_plan,
             lam=lam,
+            approx_samples=approx_samples,
         )
         t_plan = time.perf_counter()
         work, work_weights, rows_map, n_top = problem, weights, None, 0
@@ -1494,10 +1795,16 @@ def _run(
             weights=work_weights,
             budget=budget,
             backward=backward,
+            guard=guard,
+            # Auto plans compute the exact objective of an approximate set only where the plan said it fits;
+            # a pre-filtered run computes it below, over the whole pool.
+            exact_objective_ok=(plan.objective or kind != "auto") and rows_map is None,
         )
     diag = out.diagnostics
     approx_info = plan.describe()
     approx_info["requested"] = kind
+    if kind == "auto":
+        approx_info["rates"] = machine_rates(problem.device, problem.dtype, resolve_threads(problem.device)).describe()
     diag["approximation"] = approx_info
     diag["timings"]["plan"] = t_plan - t_start
     if rows_map is None:
@@ -1514,8 +1821,8 @@ def _run(
         diag["objective_kind"] = "prefiltered"
         r = reduced_rank(problem.probs)
         big_d = r * problem.d
-        exact_s = problem.n * big_d * big_d / (2 * RATES.get((problem.device.type, torch.float64), (1.5e10, 0))[0])
-        if 3 * big_d * big_d * 8 <= budget * _GB and exact_s <= 0.25 * time_budget:
+        exact_s = _objective_seconds(problem, r, mode)
+        if 3 * big_d * big_d * 8 <= budget * _GB and exact_s <= min(0.25 * time_budget, guard.left()):
             n_design = int(problem.in_design.numel())
             w_design, w_picked = design_weights(convention, n_design, problem.batch_size)
             objective = exact_objective(
@@ -1536,6 +1843,27 @@ def _run(
     return StrategyOutput(indices=indices, objective=objective, diagnostics=diag)
 
 
+def _objective_seconds(problem: Problem, r: int, mode: Mode) -> float:
+    """Estimated seconds of :func:`selection.fisher.exact_objective` over the whole pool."""
+    return estimate_phases(
+        n_rows=problem.n,
+        n_cand=0,
+        d=problem.d,
+        r=r,
+        rc=r,
+        n_forward=0,
+        n_backward=0,
+        n_design=0,
+        mode=mode,
+        device=problem.device,
+        # The pool dtype's rates (no second microbenchmark): kron_sum runs its GEMMs in float64 at
+        # about half the float32 rate, counted below.
+        dtype=problem.dtype,
+        objective=True,
+        threads=resolve_threads(problem.device),
+    )["objective"] * (2.0 if problem.dtype == torch.float32 else 1.0)
+
+
 def _run_core(
     problem: Problem,
     *,
@@ -1547,8 +1875,13 @@ def _run_core(
     weights: Tensor | None,
     budget: float,
     backward: bool,
+    guard: _Guard | None = None,
+    exact_objective_ok: bool = True,
 ) -> StrategyOutput:
     t_start = time.perf_counter()
+    guard = guard or _Guard()
+    if plan.oversample is not None:
+        oversample = plan.oversample
     r = reduced_rank(problem.probs)
     n_threads = resolve_threads(problem.device)
     b = problem.batch_size
@@ -1571,7 +1904,7 @@ def _run_core(
 
     x = problem.X
     x_dim = problem.d
-    rc = r if plan.classes is None else plan.classes
+    rc = r if plan.classes is None else plan.classes + plan.samples
     with torch.no_grad():
         if plan.dim is not None:
             basis, var_kept = fisher_pca_basis(x, problem.probs, weights, plan.dim, chunk_size=problem.chunk_size)
@@ -1582,6 +1915,8 @@ def _run_core(
         if plan.classes is not None and problem.probs is not None:
             diag["approx_classes"] = plan.classes
             diag["approx_rest_mass"] = rest_mass(problem.probs[problem.candidates], plan.classes)
+            if plan.samples:
+                diag["approx_samples"] = plan.samples
         mdt = _choose_matrix_dtype(problem, x_dim, r, mode, budget, rc=rc)
         diag["D"] = r * x_dim
         diag["matrix_dtype"] = str(mdt).replace("torch.", "")
@@ -1597,19 +1932,29 @@ def _run_core(
             matrix_dtype=mdt,
             n_threads=n_threads,
             classes=plan.classes,
+            samples=plan.samples,
         )
         n_backward = n_forward - b if backward else 0
         state = engine.setup(n_forward + n_backward)
         t_setup = time.perf_counter()
-        picks, gains = engine.forward(state, n_forward)
+        picks, gains = engine.forward(state, n_forward, guard, need=b)
         t_fwd = time.perf_counter()
-        kept = engine.backward(state, picks, b) if backward and n_backward > 0 else picks
+        if len(picks) > b and guard.past():
+            # No time left to prune: the first B forward picks (the forward-only greedy's batch).
+            guard.events["backward_skipped"] = len(picks) - b
+            kept = picks[:b]
+        elif backward and len(picks) > b:
+            kept = engine.backward(state, picks, b, guard)
+        else:
+            kept = picks
         t_bwd = time.perf_counter()
 
     rows = problem.candidates[torch.tensor(kept, dtype=torch.long, device=problem.device)]
     indices = rows.cpu().numpy().astype(np.int64)
     diag["timings"] = {"setup": t_setup - t_start, "forward": t_fwd - t_setup, "backward": t_bwd - t_fwd}
-    diag["steps"] = {"forward": n_forward, "backward": n_backward}
+    diag["steps"] = {"forward": len(gains), "backward": len(picks) - len(kept)}
+    if guard.events:
+        diag["deadline"] = dict(guard.events)
     diag["p0_method"] = state.info.get("p0")
     diag["pq_updates"] = state.info.get("pq_updates", "in place")
     if backward:
@@ -1629,13 +1974,18 @@ def _run_core(
         objective = state.value
         if mode == "identity" and problem.probs is not None:
             objective += x_dim / lam  # softmax null direction of the (projected) parameter space
-        if approximate:
+        cut = any(key in guard.events for key in ("filled", "removed_at_once", "backward_skipped"))
+        if approximate or cut:
             diag["approximate_objective"] = objective
             diag["objective_kind"] = "approximate"
+            if cut:
+                # The engine's value is not the returned set's (picks filled or removed without updates).
+                objective = None
+                diag["objective_kind"] = "none: the deadline cut the greedy passes"
             fits = estimate_bytes(
                 n_cand=0, d=problem.d, r=r, matrix_dtype=torch.float64, state_dtype=torch.float64, mode=mode
             )
-            if fits <= budget * _GB:
+            if fits <= budget * _GB and exact_objective_ok and _objective_seconds(problem, r, mode) <= guard.left():
                 with torch.no_grad():
                     exact = exact_objective(
                         problem.X,
@@ -1671,6 +2021,7 @@ def bait(
     approx: str | None = None,
     approx_dim: int | None = None,
     approx_classes: int | None = None,
+    approx_samples: int | None = None,
     prefilter: Any = None,
     time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     fisher_weights: Any = None,
@@ -1684,22 +2035,29 @@ def bait(
         oversample: the forward pass picks ``min(oversample * B, n_C)`` points (``1`` = forward only).
         convention: weights of labeled/reserved and picked rows in ``M``: ``"reference"``
             (authors' code), ``"paper"`` or ``"sum"`` (see the module docstring).
-        approx: ``None``/``"auto"``: exact BAIT whenever the cost model (selection/scale.py) says it
-            fits ``time_budget_s`` and ``max_memory_gb``, else the first plan that fits among
-            pre-filtering (pools of more than 50,000 candidates), top-``c`` classes and the PCA
-            projection; ``"exact"``/``"none"``: exact, always (no automatic pre-filter); ``"pca"``:
+        approx: ``None``/``"auto"``: exact BAIT whenever the cost model (selection/scale.py, rates
+            measured on this machine by selection/calibrate.py) says it fits ``time_budget_s`` and
+            ``max_memory_gb``, else the plan of smallest estimated gap that fits, built from
+            pre-filtering, a PCA projection, a class approximation (top-``c``, or top-``c`` plus
+            sampled pseudo-labels) and forward-only picking; a guard stops the greedy passes so the call
+            returns within 1.5x ``time_budget_s`` (docs/algorithm-many-classes.md).
+            ``"exact"``/``"none"``: exact, always (no automatic pre-filter, no guard); ``"pca"``:
             select on embeddings projected onto the top ``approx_dim`` eigenvectors of the
             Fisher-weighted pool second moment; ``"topc"``: each candidate's class Fisher truncated to
             its top ``approx_classes`` classes (the rest merged into one class: a PSD lower bound);
-            ``"pca+topc"``: both. The plan is ``diagnostics["approximation"]``.
+            ``"sampled"``: the top ``approx_classes`` classes plus ``approx_samples`` pseudo-labels drawn
+            from the rest (an unbiased estimate of the class Fisher, rank ``c + s``);
+            ``"pca+topc"``, ``"pca+sampled"``: both. The plan is ``diagnostics["approximation"]``.
         approx_dim: projected dimension for ``"pca"`` (default ``d // 4``, shrunk to fit).
         approx_classes: classes kept per candidate for ``"topc"`` (default: the fewest that leave at
-            most 1 % mean probability mass outside).
+            most 1 % mean probability mass outside) or ``"sampled"`` (default 12, may be 0).
+        approx_samples: pseudo-labels per candidate for ``"sampled"`` (default: 16 columns in all).
         prefilter: ``None``/``"auto"`` (pre-filter only when auto planning needs to), ``"none"``/``False``,
             or ``{"top": N, "random": M, "score": "gradnorm" | "margin", "seed": s}``: run BAIT on the
             ``N`` best candidates by the score plus ``M`` drawn at random from the others, with ``F``
             estimated from the rows kept.
-        time_budget_s: estimated-time budget of the auto plan (seconds).
+        time_budget_s: time budget of the auto plan (seconds): its estimate fits it, and the call
+            returns within 1.5x of it (the guard completes the batch cheaply if the estimate was short).
         fisher_weights: optional ``n`` nonnegative row weights; ``F`` is their weighted mean of ``I(x)``.
         max_memory_gb: budget for the ``D x D`` matrices and per-candidate state.
 
@@ -1722,6 +2080,7 @@ def bait(
         max_memory_gb=max_memory_gb,
         backward=True,
         approx_classes=approx_classes,
+        approx_samples=approx_samples,
         prefilter=prefilter,
         time_budget_s=time_budget_s,
     )

@@ -19,39 +19,32 @@ uniformly (seeded) from the rest; run BAIT on them. ``F`` is then estimated from
 (stratified: design and top rows count once, each random row ``(n_C - N) / M`` times), an unbiased
 estimate of the pool sum.
 
-**Cost model.** :func:`estimate_seconds` counts multiply-adds of the structured engine (setup, forward
-and backward steps) and divides by per-device rates (:data:`RATES`, calibrated on the 2-core CPU the
-benchmarks ran on); memory is :func:`selection.bait.estimate_bytes`. ``approx=None`` ("auto") keeps exact
-BAIT whenever it fits the time and memory budgets, and otherwise takes the first plan of a ladder
-(pre-filtering for pools above :data:`PREFILTER_MIN_CANDIDATES`, then top-``c`` classes, then the PCA
-projection to ``d/2, d/4, ...``) that fits. The plan and its estimate are recorded in the diagnostics.
+**Cost model.** :func:`estimate_phases` counts multiply-adds (and bytes, for streaming work) of the
+structured engine's setup, forward and backward steps and divides by the rates of this machine
+(:func:`selection.calibrate.machine_rates`: a microbenchmark per device, dtype and thread count, cached
+per process; ``BAIT_RATES=table`` for the committed table); memory is :func:`selection.bait.estimate_bytes`.
+``approx=None`` ("auto") keeps exact BAIT whenever it fits the time and memory budgets, and otherwise
+runs the plan of smallest estimated gap that fits, over pre-filtering, PCA dimensions, class
+approximations (top-``c``; top-``c`` plus sampled pseudo-labels, :func:`sampled_class_factor`) and
+forward-only picking (docs/algorithm-many-classes.md). The plan, what it gave up and its estimate are
+recorded in the diagnostics.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from selection.calibrate import Rates, machine_rates, small_flops
 from selection.errors import ParameterError
 from selection.linalg import helmert_basis, reduced_class_factor
 
 Tensor = torch.Tensor
 
-#: Multiply-adds per second: (pool-sized GEMMs, batched small per-candidate algebra), by device type
-#: and dtype. Calibrated on the benchmark machine (2 shared cores): the n = 100,000, d = 128, k = 10
-#: row's step (2.1e9 GEMM + 3.4e8 small multiply-adds) ran in 0.16 s, its setup (~1.9e11) in 5.2 s.
-RATES: dict[tuple[str, torch.dtype], tuple[float, float]] = {
-    ("cpu", torch.float32): (3e10, 5e9),
-    ("cpu", torch.float64): (1.5e10, 3e9),
-    ("cuda", torch.float32): (5e12, 2e11),
-    ("cuda", torch.float64): (5e11, 5e10),
-}
-#: Effective bytes per second of the ``D x D`` work of a step (block matvecs and rank updates of ``P`` and
-#: ``Q``, counted as ``(3 + 2 c)`` float64 passes): d = 768, k = 10 measured 70-121 ms per forward update.
-STREAM_RATE = {"cpu": 2.5e10, "cuda": 1e12}
 #: Auto pre-filtering is considered only for more candidates than this.
 PREFILTER_MIN_CANDIDATES = 50_000
 #: Auto pre-filtering keeps at least this many candidates (top + random).
@@ -106,6 +99,113 @@ def topc_class_factor(probs: Tensor, c: int, *, dtype: torch.dtype) -> Tensor:
     oz = torch.where((p_rest > 0)[:, None], oz, torch.zeros_like(oz))
     otj = torch.cat([basis[top_i].transpose(1, 2), oz[:, :, None]], 2)  # m x r x (c+1)
     return otj @ (helmert_basis(c + 1, dtype=dtype, device=dev) @ small)  # m x r x c
+
+
+@dataclass(frozen=True)
+class ClassApprox:
+    """How each candidate's class Fisher is approximated: its ``top`` classes kept exactly, the others
+    merged into one "rest" class, plus ``sampled`` pseudo-labels drawn from the rest (``0``: plain top-c).
+
+    The factor has ``top + sampled`` columns (the per-candidate rank ``rc`` of the engine).
+    """
+
+    top: int
+    sampled: int = 0
+
+    @property
+    def rank(self) -> int:
+        return self.top + self.sampled
+
+    def describe(self) -> dict[str, Any]:
+        return {"top": self.top, "sampled": self.sampled}
+
+
+def sampled_class_factor(probs: Tensor, top: int, sampled: int, *, dtype: torch.dtype, seed: int) -> Tensor:
+    """Reduced-space factors ``E^`` (``m x (k-1) x (top + sampled)``): top-``c`` plus a sampled rest.
+
+    By the law of total covariance over the coarse label (``top`` classes, rest), the class Fisher
+    ``C = diag p - p p^T`` of a row splits into ``C~`` (:func:`topc_class_factor`, exact part) and the
+    rest's within-class covariance ``p_rest (diag q - q q^T)`` with ``q`` the rest's normalised
+    probabilities. The second term is replaced by ``(p_rest / s) sum_j (e_{y_j} - q)(e_{y_j} - q)^T``
+    over ``s`` pseudo-labels ``y_j`` drawn from ``q`` by systematic sampling (one uniform offset per
+    row, points ``(u + j) / s``): each ``y_j`` has law ``q``, so ``E^ E^^T`` is an unbiased estimate of
+    ``O^T C O``, exact when ``top = k - 1`` or the rest holds one class (or no mass). ``top = 0`` is
+    the plain sampled Fisher (gradients of ``s`` labels drawn from ``p``).
+
+    Args:
+        probs: ``m x k`` probabilities.
+        top: classes kept exactly, ``0 <= top <= k - 1``.
+        sampled: pseudo-labels per row, ``top + sampled <= k - 1``.
+        dtype: dtype of the computation and result.
+        seed: seed of the draws (the same rows and seed give the same factors).
+
+    Returns:
+        ``m x (k-1) x (top + sampled)`` factors.
+    """
+    k = int(probs.shape[1])
+    if top < 0 or sampled < 0 or not 1 <= top + sampled <= k - 1:
+        raise ParameterError(f"top + sampled classes must be in [1, k-1={k - 1}], got {top} + {sampled}")
+    if sampled == 0:
+        return topc_class_factor(probs, top, dtype=dtype)
+    dev = probs.device
+    p = probs.to(dtype)
+    m = int(p.shape[0])
+    basis = helmert_basis(k, dtype=dtype, device=dev)  # k x r
+    if top > 0:
+        top_i = torch.topk(p, top, dim=1).indices
+        rest_vec = p.scatter(1, top_i, 0.0)  # m x k
+    else:
+        rest_vec = p.clone()
+    p_rest = rest_vec.sum(1)  # m
+    safe = torch.where(p_rest > 0, p_rest, torch.ones_like(p_rest))
+    q = rest_vec / safe[:, None]  # m x k, rows sum to 1 (0 where no rest mass)
+    cum = q.to(torch.float64).cumsum(1)
+    cum = cum / torch.where(cum[:, -1:] > 0, cum[:, -1:], torch.ones_like(cum[:, -1:]))
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(seed))
+    u = 1.0 - torch.rand(m, 1, generator=gen, dtype=torch.float64)  # (0, 1]
+    pts = ((u + torch.arange(sampled, dtype=torch.float64)[None, :]) / sampled).to(dev)  # m x s, in (0, 1]
+    ys = torch.searchsorted(cum, pts.clamp(max=1.0)).clamp_(max=k - 1)  # m x s
+    oq = q @ basis  # m x r: O^T q
+    cols = basis[ys] - oq[:, None, :]  # m x s x r: O^T (e_y - q)
+    cols *= torch.sqrt(p_rest / sampled)[:, None, None]
+    parts = [cols.transpose(1, 2)]
+    if top > 0:
+        parts.insert(0, topc_class_factor(probs, top, dtype=dtype))
+    return torch.cat(parts, 2).contiguous()
+
+
+def class_fisher_kept(probs: Tensor, top: int, *, sample: int = 4096) -> float:
+    """Mean fraction of the class Fisher's trace that top-``top`` coarse-graining keeps exactly
+    (``tr C~ / tr C``, rows with ``tr C > 0``; ``top = 0``: 0). The rest is what sampling estimates."""
+    return class_fisher_kept_many(probs, [top], sample=sample)[top]
+
+
+def class_fisher_kept_many(probs: Tensor, tops: list[int], *, sample: int = 4096) -> dict[int, float]:
+    """:func:`class_fisher_kept` for several ``top`` at once (one sort of a row subsample)."""
+    k = int(probs.shape[1])
+    p = probs[:: max(1, probs.shape[0] // sample)].to(torch.float64)
+    srt = torch.sort(p, dim=1, descending=True).values
+    total = (p * (1 - p)).sum(1)
+    ok = total > 0
+    cum = srt.cumsum(1)
+    cum_sq = (srt * srt).cumsum(1)
+    cum_var = (srt * (1 - srt)).cumsum(1)
+    sq = (p * p).sum(1)
+    out: dict[int, float] = {}
+    for top in tops:
+        if top <= 0:
+            out[top] = 0.0
+            continue
+        if top >= k - 1 or not bool(ok.any()):
+            out[top] = 1.0
+            continue
+        rest = (1 - cum[:, top - 1]).clamp_min(0)
+        sq_rest = (sq - cum_sq[:, top - 1]).clamp_min(0)
+        z2 = torch.where(rest > 1e-300, sq_rest / rest.clamp_min(1e-300) ** 2, torch.zeros_like(rest))
+        kept = cum_var[:, top - 1] + rest * (1 - rest) * z2
+        out[top] = float((kept[ok] / total[ok]).mean())
+    return out
 
 
 def rest_mass(probs: Tensor, c: int) -> float:
@@ -235,7 +335,15 @@ def prefilter_candidates(
 # --------------------------------------------------------------------------------------------------
 
 
-def estimate_seconds(
+def default_threads() -> int:
+    """Worker threads the engine uses on CPU when nothing overrides them (``selection.bait.resolve_threads``)."""
+    env = os.environ.get("BAIT_THREADS", "").strip()
+    if env.isdigit():
+        return max(1, int(env))
+    return max(torch.get_num_threads(), min(2, os.cpu_count() or 1))
+
+
+def estimate_phases(
     *,
     n_rows: int,
     n_cand: int,
@@ -249,25 +357,42 @@ def estimate_seconds(
     device: torch.device,
     dtype: torch.dtype,
     pca_from: int | None = None,
-) -> float:
-    """Estimated run time of the structured engine (seconds) from multiply-add counts and :data:`RATES`.
+    n_pool: int | None = None,
+    objective: bool = False,
+    threads: int | None = None,
+    rates: Rates | None = None,
+) -> dict[str, float]:
+    """Estimated seconds per phase of the structured engine: multiply-add counts over measured rates.
 
     Args:
-        n_rows: rows of the pool Fisher (all rows).
+        n_rows: rows of the pool Fisher (all rows, or the design plus kept rows when pre-filtered).
         n_cand: candidates.
         d: embedding dimension the engine sees (after any projection).
         r: reduced class count (``k - 1``, 1 for regression).
-        rc: columns of each candidate's factor (``c`` under top-c, else ``r``).
+        rc: columns of each candidate's factor (``c + s`` under a class approximation, else ``r``).
         n_forward: forward steps.
         n_backward: backward steps.
         n_design: labeled + reserved rows.
         mode: ``"fisher"``, ``"identity"`` or ``"logdet"``.
         device: where it runs.
         dtype: dtype of the pool-sized work.
-        pca_from: original dimension when projecting (adds the PCA pass).
+        pca_from: original dimension when projecting (adds the PCA pass over ``n_pool`` rows).
+        n_pool: rows of the whole pool (default ``n_rows``).
+        objective: add the exact objective of the final set over the whole pool (approximate plans).
+        threads: worker threads on CPU (default :func:`default_threads`).
+        rates: the rates (default :func:`selection.calibrate.machine_rates` of the device, dtype, threads).
+
+    Returns:
+        ``{"setup", "forward", "backward", "objective"}`` seconds.
     """
-    gemm_rate, small_rate = RATES.get((device.type, dtype), RATES[("cpu", torch.float64)])
-    stream = STREAM_RATE.get(device.type, STREAM_RATE["cpu"])
+    n_threads = default_threads() if threads is None else max(1, threads)
+    if device.type != "cpu":
+        n_threads = 1
+    rt = rates if rates is not None else machine_rates(device, dtype, n_threads)
+    gemm = rt.gemm
+    small = rt.small(rc)
+    mat = rt.matrix
+    n_pool = n_rows if n_pool is None else n_pool
     big_d = r * d
     half = big_d * big_d * (r + 1) / (2 * r)  # quadratic forms over the upper block triangle
     setup = 0.0
@@ -275,31 +400,54 @@ def estimate_seconds(
         setup += n_rows * half  # F
     if mode != "logdet":
         setup += n_cand * half  # h
+    big = 0.0  # D^3 work of the setup (float64)
     if n_design > 0:
         m_prime = n_design * r
         if 2 * m_prime < big_d:
             setup += big_d * big_d * m_prime * 2 + n_cand * (n_design * d + n_design**2 * r * (r + 1) / 2)
         else:
             # Cholesky (D^3/3), its inverse (2 D^3/3) and Q_0 = P_0 F P_0 (two D x D GEMMs, 2 D^3).
-            setup += (3 if mode == "fisher" else 1) * big_d**3 + n_cand * min(
-                half, n_design * d + n_design**2 * r * (r + 1) / 2
-            )
-    setup_small = n_cand * 2 * r * r * rc
+            big += (3 if mode == "fisher" else 1) * big_d**3
+            setup += n_cand * min(half, n_design * d + n_design**2 * r * (r + 1) / 2)
     if pca_from is not None:
-        setup += n_rows * pca_from * (pca_from + d)
+        setup += n_pool * pca_from * (pca_from + d)
+    # E^T G E for g and h: batched small products (r x r by r x rc), at a quarter of the GEMM rate.
+    setup_small = n_cand * 2 * (r * r * rc + r * rc * rc) * (1 if mode == "logdet" else 2)
+    setup_s = setup / gemm + big / mat + 4 * setup_small / gemm
     cols = 2 if mode != "logdet" else 1
+    mb = 8.0  # D x D matrices in float64 when they fit (the usual case)
     step_gemm = n_cand * d * r * cols * rc
-    step_small = n_cand * (cols * r * rc * rc + 3 * rc**3 + rc**3 / 3)
-    # Block matvecs and rank updates of the D x D matrices (float64): (3 + 2 c) streaming passes, and the
-    # rank-rc (P) and rank-2rc (Q) corrections' multiply-adds, which dominate for many classes (k = 26,
-    # d = 128: D = 3,200, 7.7e8 per step; the stream term alone said 23 ms, a step measured 0.7-1 s at
-    # load 8 on the 2 shared cores).
-    mat_rate = RATES.get((device.type, torch.float64), RATES[("cpu", torch.float64)])[0]
-    step_mats = (3 + 2 * cols) * big_d * big_d * 8 / stream + (1 + 2 * (cols - 1)) * big_d * big_d * rc / mat_rate
-    fwd = n_forward * (step_gemm / gemm_rate + step_small / small_rate + step_mats)
-    m_b = max(1, n_forward)
-    bwd = n_backward * (m_b * (d * r * cols * rc + 4 * rc**3) / small_rate + step_mats)
-    return (setup / gemm_rate) + setup_small / small_rate + fwd + bwd
+    step_small = n_cand * small_flops(r, rc, cols)
+    # D x D work of a step: block matvecs of P (and Q), one streaming read each, and the rank-rc (P)
+    # and rank-2rc (Q) corrections.
+    step_mats = cols * big_d * big_d * mb / rt.stream + (1 + 2 * (cols - 1)) * big_d * big_d * rc / mat
+    step_fixed = 1e-3  # per-step Python and thread hand-offs
+    per_step = step_gemm / gemm + step_small / small + step_mats + step_fixed
+    if r == 1:
+        # Rank one (regression, binary): a step is a GEMV over the candidates' rows and a few float64
+        # vector passes, bound by memory, not multiply-adds (10^6 x 64 float32: ~70 ms a step at load 4).
+        itemsize = torch.finfo(dtype).bits // 8
+        per_step = n_cand * (d * itemsize + 6 * 8) / rt.stream + step_mats + step_fixed
+    fwd = n_forward * per_step
+    bwd = 0.0
+    if n_backward > 0:
+        m = n_forward
+        span = m * rc
+        if span < big_d and mode != "logdet":
+            # Pruning in the picks' span: two Gram matrices, then 3 span^2 rc per removal.
+            bwd = 2 * (big_d * big_d * m + big_d * m * span) / gemm + n_backward * (3 * span * span * rc / mat)
+        else:
+            bwd = n_backward * (m * (d * r * cols * rc + small_flops(r, rc, cols)) / small + step_mats)
+        bwd += n_backward * step_fixed
+    obj = 0.0
+    if objective:
+        obj = n_pool * half / gemm + 2 * big_d**3 / mat
+    return {"setup": setup_s, "forward": fwd, "backward": bwd, "objective": obj}
+
+
+def estimate_seconds(**kwargs: Any) -> float:
+    """Total of :func:`estimate_phases` (same arguments)."""
+    return float(sum(estimate_phases(**kwargs).values()))
 
 
 def ladder_dims(d: int) -> list[int]:

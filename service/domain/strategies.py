@@ -74,6 +74,7 @@ CATALOG: dict[str, StrategySpec] = {
             approx=("str | None", None),
             approx_dim=("int | None", None),
             approx_classes=("int | None", None),
+            approx_samples=("int | None", None),
             prefilter=("Any", None),
             time_budget_s=("float", 60.0),
             fisher_weights=("Any", None),
@@ -295,7 +296,12 @@ def check_request(
                 details={"param": key},
             )
     if task == "regression":
-        if params.get("approx") in ("topc", "pca+topc") or params.get("approx_classes") is not None:
+        class_approx = ("topc", "pca+topc", "sampled", "pca+sampled")
+        if (
+            params.get("approx") in class_approx
+            or params.get("approx_classes") is not None
+            or params.get("approx_samples") is not None
+        ):
             raise BadRequest(
                 f"strategy {spec.name!r}: class truncation (approx 'topc', approx_classes) needs a classification "
                 "pool; regression is rank one already",
@@ -317,7 +323,7 @@ def check_request(
 SEED_MAX = 2**63 - 1  # seeds are stored as signed 64-bit integers and fed to torch/numpy generators
 CONVENTIONS = ("reference", "paper", "sum")
 # selection.bait.APPROX_CHOICES: None/"auto" = exact when it fits the budgets, else the first plan that does.
-APPROX_CHOICES = (None, "auto", "exact", "none", "pca", "topc", "pca+topc")
+APPROX_CHOICES = (None, "auto", "exact", "none", "pca", "topc", "pca+topc", "sampled", "pca+sampled")
 PREFILTER_SCORES = ("gradnorm", "margin")
 
 
@@ -340,15 +346,20 @@ def _value_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | Non
     if key == "convention" and value not in CONVENTIONS:
         return f"must be one of {', '.join(CONVENTIONS)}"
     if key == "approx" and value not in APPROX_CHOICES:
-        return "must be null/'auto', 'exact', 'pca', 'topc' or 'pca+topc'"
+        return "must be null/'auto', 'exact', 'pca', 'topc', 'pca+topc', 'sampled' or 'pca+sampled'"
     if key == "approx_dim":
-        if approx not in (None, "auto", "pca", "pca+topc"):
-            return "is only used with approx='pca' or 'pca+topc' (or auto)"
+        if approx not in (None, "auto", "pca", "pca+topc", "pca+sampled"):
+            return "is only used with approx='pca', 'pca+topc' or 'pca+sampled' (or auto)"
         if not 1 <= value <= 65536:
             return "must be an integer in [1, 65536] (and at most the embedding dimension)"
     if key == "approx_classes":
-        if approx not in (None, "auto", "topc", "pca+topc"):
+        if approx not in (None, "auto", "topc", "pca+topc", "sampled", "pca+sampled"):
             return "is only used with approx='topc' or 'pca+topc' (or auto)"
+        if value < (0 if approx in ("sampled", "pca+sampled") else 1):
+            return "must be an integer >= 1 (>= 0 with 'sampled'; and below the number of classes)"
+    if key == "approx_samples":
+        if approx not in ("sampled", "pca+sampled"):
+            return "is only used with approx='sampled' or 'pca+sampled'"
         if value < 1:
             return "must be an integer >= 1 (and below the number of classes)"
     if key == "prefilter":

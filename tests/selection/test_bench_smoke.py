@@ -118,12 +118,19 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out_json.read_text())}
-    assert set(rows) == {"smoke-k-gap", "smoke-prefilter", "smoke-prefilter-big", "smoke-auto", "smoke-step"}
+    assert set(rows) == {
+        "smoke-k-gap",
+        "smoke-prefilter",
+        "smoke-prefilter-big",
+        "smoke-auto",
+        "smoke-step",
+        "smoke-flat",
+    }
     for row in rows.values():
         for run in row["runs"]:
             assert math.isfinite(run["seconds"]) and run["seconds"] >= 0
             assert len(run["load"]) == 2
-            assert run["plan"]["kind"] in ("exact", "pca", "topc", "pca+topc")
+            assert run["plan"]["kind"] in ("exact", "pca", "topc", "pca+topc", "sampled", "pca+sampled")
             assert run["variant"] in proc.stdout
     gaps = {r["variant"]: r["gap"] for r in rows["smoke-k-gap"]["runs"]}
     assert gaps["exact"] == 0.0 and abs(gaps["topc"]) < 0.05 and abs(gaps["pca+topc"]) < 0.1
@@ -131,6 +138,8 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
     assert pre["plan"]["prefilter"]["kept_top"] == 600 and abs(pre["gap"]) < 0.05
     auto = rows["smoke-auto"]["runs"][0]["plan"]
     assert auto["kind"] != "exact" and auto["estimated_seconds"] <= 0.5
+    flat = {r["variant"]: r for r in rows["smoke-flat"]["runs"]}
+    assert flat["sampled"]["plan"]["samples"] >= 1 and abs(flat["sampled"]["gap"]) < 0.2
     legacy, new = rows["smoke-step"]["runs"]
     assert legacy["indices"] == new["indices"]  # float64: the same picks with either step update
     assert legacy["step_ms"] > 0 and new["step_ms"] > 0

@@ -155,14 +155,14 @@ def test_selection_error_from_the_worker_is_a_400_with_its_message(
         ({"seed": 2**63}, "must be an integer in [0, 9223372036854775807]"),
         ({"seed": -1}, "must be an integer in [0, 9223372036854775807]"),
         ({"oversample": 0.5}, "must be a number in [1, 100]"),
-        ({"approx": "exact", "approx_dim": 2}, "is only used with approx='pca' or 'pca+topc' (or auto)"),
+        ({"approx": "exact", "approx_dim": 2}, "is only used with approx='pca', 'pca+topc' or 'pca+sampled' (or auto)"),
         ({"approx": "pca", "approx_classes": 1}, "is only used with approx='topc' or 'pca+topc' (or auto)"),
         ({"time_budget_s": 0}, "must be a finite number > 0"),
         ({"prefilter": {"top": 0}}, "keeps no candidate"),
         ({"prefilter": {"top": 5, "score": "entropy"}}, "needs 'score' to be one of gradnorm, margin"),
         ({"prefilter": "sometimes"}, "must be null/'auto', 'none' or an object"),
         ({"approx": "pca", "approx_dim": 3}, "at most the embedding dimension 2"),
-        ({"approx": "sketch"}, "must be null/'auto', 'exact', 'pca', 'topc' or 'pca+topc'"),
+        ({"approx": "sketch"}, "must be null/'auto', 'exact', 'pca', 'topc', 'pca+topc', 'sampled' or 'pca+sampled'"),
     ],
 )
 def test_select_refuses_bad_strategy_params_before_any_job(
