@@ -1,6 +1,6 @@
 """Exact BAIT (forward greedy + backward pruning) without the ``n x dk x k`` tensor, and its variants.
 
-Implements shared/notes/fast-bait.md: per-candidate ``r x r`` matrices ``g_x = V_x^T P V_x`` and
+Implements exact fast BAIT as derived in docs/algorithm.md: per-candidate ``r x r`` matrices ``g_x = V_x^T P V_x`` and
 ``h_x = V_x^T Q V_x`` (``P = M^{-1}``, ``Q = P F P``) formed from ``d x d`` blocks, kept current by
 symmetric square-root rank-``r`` updates with one pool GEMM per greedy step.
 

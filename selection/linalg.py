@@ -1,4 +1,4 @@
-"""Linear-algebra kernels of the structured BAIT method (shared/notes/fast-bait.md, sec. 2).
+"""Linear-algebra kernels of the structured BAIT method (docs/algorithm.md, "the fast exact method").
 
 Parameter vectors are class-major in a *reduced* space of dimension ``D = r * d``: coordinate
 ``a * d + j`` is reduced class direction ``a`` (``0 <= a < r``) and embedding coordinate ``j``. A
