@@ -12,6 +12,7 @@ been handed out in an earlier piece, which is what makes an upload resumable fro
 from __future__ import annotations
 
 import io
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,17 +65,19 @@ class Piece:
         return [Piece(self.begin, mid, cut, first), Piece(mid, self.end, self.rows - cut, second)]
 
 
-class Source:
-    """Rows to upload: their count, their ids, and pieces of them."""
+class Source(ABC):
+    """Rows to upload: their count, their ids, and pieces of them (one subclass per input kind)."""
 
     n: int
     row_bytes: float  # estimated bytes of one row in a body (inflated)
 
+    @abstractmethod
     def all_ids(self) -> list[str]:
-        raise NotImplementedError
+        """Every row's id, in upload order."""
 
+    @abstractmethod
     def pieces(self, start: int, rows_per_piece: int, skip: set[str] | None) -> Iterator[Piece]:
-        raise NotImplementedError
+        """The rows from ``start`` on, ``rows_per_piece`` at a time, without the ids in ``skip``."""
 
 
 class ArraySource(Source):
