@@ -176,7 +176,7 @@ ROWS: list[Row] = [
         sub_n=6_000,
         smoke=True,
     ),
-    Row("smoke-auto", 2_000, 16, 30, 5, n_labeled=10, variants={"auto 0.5 s": {"time_budget_s": 0.5}}, smoke=True),
+    Row("smoke-auto", 2_000, 16, 30, 5, n_labeled=10, variants={"auto 0.2 s": {"time_budget_s": 0.2}}, smoke=True),
     Row(
         "smoke-flat",
         600,

@@ -111,7 +111,9 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "bench" / "selection_scale.py"), "--smoke", "--json", str(out_json)],
         capture_output=True,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        # the committed rate table, not this machine's measured rates: the plans (exact or not) must not
+        # depend on how fast or busy the machine running the suite is
+        env={**os.environ, "OMP_NUM_THREADS": "1", "BAIT_RATES": "table"},
         cwd=ROOT,
         timeout=300,
         check=False,
@@ -137,7 +139,7 @@ def test_selection_scale_smoke_reports_plans_and_gaps(tmp_path: Path) -> None:
     pre = rows["smoke-prefilter"]["runs"][1]
     assert pre["plan"]["prefilter"]["kept_top"] == 600 and abs(pre["gap"]) < 0.05
     auto = rows["smoke-auto"]["runs"][0]["plan"]
-    assert auto["kind"] != "exact" and auto["estimated_seconds"] <= 0.5
+    assert auto["kind"] != "exact" and auto["estimated_seconds"] <= 0.2
     flat = {r["variant"]: r for r in rows["smoke-flat"]["runs"]}
     assert flat["sampled"]["plan"]["samples"] >= 1 and abs(flat["sampled"]["gap"]) < 0.2
     legacy, new = rows["smoke-step"]["runs"]

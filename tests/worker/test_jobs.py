@@ -178,7 +178,7 @@ def test_restart_requeues_jobs_left_by_a_dead_process(
 def test_duplicate_delivery_runs_the_batch_once(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
 ) -> None:
-    from worker import batch as jobs
+    from worker import batch_job as jobs
 
     pool = make_pool(db, n=30, n_labeled=5)
     created = client.post(f"/v1/pools/{pool.pool_id}/batches", json={"size": 4, "strategy": "random"}, headers=auth)
@@ -192,7 +192,7 @@ def test_duplicate_delivery_runs_the_batch_once(
 
 
 def test_job_of_a_missing_batch_fails_clearly(client: TestClient) -> None:
-    from worker import batch as jobs
+    from worker import batch_job as jobs
 
     with pytest.raises(LookupError, match="batch nope does not exist"):
         jobs.run_batch("nope")
