@@ -40,16 +40,25 @@ class Live:
 LiveFactory = Callable[..., AbstractContextManager[Live]]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
+def client_queue() -> str:
+    """The client tests' own RQ queue: their `bait worker` must never take the jobs of the rest of the
+    suite (which runs its jobs in-thread from the session's queue), nor outlive the client tests."""
+    return f"bait-client-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="package")
 def rq_worker(
-    database_url: str, queue_name: str, worker_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    database_url: str, client_queue: str, worker_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proc | None]:
-    """A real `bait worker` process on the session's database and queue (the PostgreSQL + Redis pass);
-    None in embedded mode, where the app's in-process runner does the jobs."""
+    """A real `bait worker` process on the session's database and the client tests' queue (the PostgreSQL
+    + Redis pass), stopped when the client tests end; None in embedded mode, where the app's in-process
+    runner does the jobs."""
     if not REDIS_URL:
         yield None
         return
-    worker = start_worker(database_url, queue_name, tmp_path_factory.mktemp("worker") / "worker.log", worker_cache_dir)
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    worker = start_worker(database_url, client_queue, log, worker_cache_dir)
     try:
         yield worker
     finally:
@@ -72,13 +81,13 @@ def start_worker(database_url: str, queue_name: str, log: Path, cache_dir: Path)
 
 
 @pytest.fixture
-def live_service(settings: Settings, api_key: str, rq_worker: Proc | None) -> LiveFactory:
+def live_service(settings: Settings, api_key: str, rq_worker: Proc | None, client_queue: str) -> LiveFactory:
     """``with live_service(rate_limit="5/second") as live: ...``: the app with these settings changed,
-    served over a real socket until the block ends."""
+    served over a real socket until the block ends (its jobs go to the client tests' queue)."""
 
     @contextmanager
     def start(**overrides: Any) -> Iterator[Live]:
-        changed = settings.model_copy(update=overrides)
+        changed = settings.model_copy(update={"queue_name": client_queue, **overrides})
         with serve_in_thread(create_app(changed)) as url:
             yield Live(url=url, key=api_key, settings=changed)
 
