@@ -19,7 +19,7 @@ from tests.worker.factories import item_states, make_pool
 
 def _run_together(settings: Settings, batch_ids: list[str]) -> None:
     """Run the batch jobs in threads released at the same moment."""
-    from worker import batch as jobs
+    from worker import batch_job as jobs
     from worker import context
 
     context.configure(settings)
