@@ -7,6 +7,7 @@ proxy that drops connections (tests/client/faultproxy.py)."""
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 import uuid
@@ -185,6 +186,9 @@ async def _count(bait: Any, pool_id: str) -> int:
 @pytest.fixture(scope="module")
 def private_pg() -> Any:
     if postgres_bin() is None:
+        if os.environ.get("CI") or os.environ.get("BAIT_TEST_DATABASE_URL"):
+            # CI and the PostgreSQL pass have the server binaries: their absence there is a failure
+            pytest.fail("the PostgreSQL server binaries (initdb, pg_ctl) are missing for a private server")
         pytest.skip("needs the PostgreSQL server binaries (initdb, pg_ctl) for a private server")
     pg = PrivatePostgres()
     pg.start()
