@@ -394,6 +394,8 @@ def _greedy(
     diag = result.diagnostics
     diag.pop("params", None)  # the stratum weights: one per gathered row
     diag["params"] = params
+    if "forward_indices" in diag:  # rows of the gathered rows, not of the pool: named by item id instead
+        diag["forward_item_ids"] = g.ids[np.asarray(diag.pop("forward_indices"), dtype=np.int64)].tolist()
     cluster = dict(g.diagnostics)
     cluster["timings"] = {**cluster["timings"], "greedy": time.perf_counter() - t}
     cluster["plan"] = why
