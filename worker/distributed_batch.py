@@ -12,6 +12,10 @@ With ``BAIT_DASK_SCHEDULER`` set and a strategy of :data:`selection.passes.TOP_B
 3. under the pool's selection lock, the design is read as it is now and every shard's top ``B`` is computed on
    the cluster, each Dask worker reading its shard from the store; the merge is the batch, reserved and stored
    by the same code as a single-process batch.
+
+``bait`` runs its pool-wide passes on the cluster (:mod:`worker.distributed_bait`: scores, the pool Fisher's tree
+reduction, the gather of the kept and design rows) and the exact greedy here on the gathered rows
+(:func:`_select_and_store_bait`); see docs/distributed.md.
 """
 
 from __future__ import annotations
