@@ -41,9 +41,14 @@ class EngineUnavailable(RuntimeError):
     ``engine_unavailable:`` and never names the scheduler's address."""
 
 
+CLUSTER_STRATEGIES = (*TOP_B_STRATEGIES, "bait")
+"""Strategies whose pool-wide passes run on the cluster: the top-``B`` ones wholly, ``bait`` up to the greedy
+(:mod:`worker.distributed_bait`)."""
+
+
 def handles(strategy: str) -> bool:
-    """Whether a strategy's whole selection runs on the cluster (the others run in the job's process)."""
-    return strategy in TOP_B_STRATEGIES
+    """Whether a strategy's pool-wide passes run on the cluster (the others run in the job's process)."""
+    return strategy in CLUSTER_STRATEGIES
 
 
 def connect(settings: Any) -> Client:
@@ -162,36 +167,8 @@ def select_top(
         for i, shard in enumerate(manifest.shards)
     ]
     t_submit = time.perf_counter()
-    results: list[dict[str, Any]] = []
-    no_workers_since: float | None = None
-    waiting = list(futures)
     try:
-        while waiting:
-            finished = [f for f in waiting if f.done()]
-            for future in finished:
-                results.append(future.result())  # raises the task's error once its retries are spent
-            waiting = [f for f in waiting if not f.done() or f not in finished]
-            if finished and progress is not None:
-                progress(len(results), len(futures))
-            if not waiting:
-                break
-            if check is not None:
-                check()
-            if client.status not in ("running", "connecting"):
-                raise EngineUnavailable("engine_unavailable: the Dask scheduler went away while the batch ran")
-            if not client.scheduler_info(n_workers=-1).get("workers"):
-                no_workers_since = no_workers_since or time.monotonic()
-                if time.monotonic() - no_workers_since > lost_after_s:
-                    raise EngineUnavailable(
-                        f"engine_unavailable: the Dask cluster has had no worker for {lost_after_s:g} s"
-                    )
-            else:
-                no_workers_since = None
-            if not finished:
-                time.sleep(POLL_S / 5)
-    except BaseException:
-        client.cancel(futures, force=True)
-        raise
+        results = wait_all(client, futures, check, progress, lost_after_s)
     finally:
         for f in (excluded_f, head_f):
             if f is not None:
@@ -229,3 +206,49 @@ def select_top(
             },
         },
     )
+
+
+def wait_all(
+    client: Client,
+    futures: list[Any],
+    check: Check | None = None,
+    progress: Progress | None = None,
+    lost_after_s: float = 5.0,
+) -> list[Any]:
+    """The results of ``futures`` (in completion order), checking for cancellation and a lost cluster while
+    they run; on any error every future is cancelled.
+
+    Raises:
+        EngineUnavailable: the scheduler went away, or no worker was left for ``lost_after_s``.
+    """
+    results: list[Any] = []
+    no_workers_since: float | None = None
+    waiting = list(futures)
+    try:
+        while waiting:
+            finished = [f for f in waiting if f.done()]
+            for future in finished:
+                results.append(future.result())  # raises the task's error once its retries are spent
+            waiting = [f for f in waiting if not f.done() or f not in finished]
+            if finished and progress is not None:
+                progress(len(results), len(futures))
+            if not waiting:
+                break
+            if check is not None:
+                check()
+            if client.status not in ("running", "connecting"):
+                raise EngineUnavailable("engine_unavailable: the Dask scheduler went away while the batch ran")
+            if not client.scheduler_info(n_workers=-1).get("workers"):
+                no_workers_since = no_workers_since or time.monotonic()
+                if time.monotonic() - no_workers_since > lost_after_s:
+                    raise EngineUnavailable(
+                        f"engine_unavailable: the Dask cluster has had no worker for {lost_after_s:g} s"
+                    )
+            else:
+                no_workers_since = None
+            if not finished:
+                time.sleep(POLL_S / 5)
+    except BaseException:
+        client.cancel(futures, force=True)
+        raise
+    return results
