@@ -13,15 +13,18 @@ diagnostics (tenants read those).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from distributed import Client, get_worker
+from distributed.security import Security
 
 from selection.heads import load_checkpoint
 from selection.passes import TOP_B_STRATEGIES, ShardTop, merge_top, shard_top
@@ -51,15 +54,45 @@ def handles(strategy: str) -> bool:
     return strategy in CLUSTER_STRATEGIES
 
 
+def security(settings: Any) -> Security | None:
+    """Mutual TLS with the scheduler when ``BAIT_DASK_TLS_*`` are set (the settings check they come as a set,
+    with a ``tls://`` address), else None: plain TCP, for a scheduler on loopback or a private network."""
+    if settings.dask_tls_ca_file is None:
+        if not _private_address(str(settings.dask_scheduler)):
+            log.warning(
+                "BAIT_DASK_SCHEDULER is a plain tcp:// address that is not loopback or private: anyone who reaches "
+                "a Dask scheduler can run code on the cluster; use tls:// with BAIT_DASK_TLS_* (docs/distributed.md)"
+            )
+        return None
+    return Security(
+        tls_ca_file=str(settings.dask_tls_ca_file),
+        tls_client_cert=str(settings.dask_tls_cert),
+        tls_client_key=str(settings.dask_tls_key),
+        require_encryption=True,
+    )
+
+
+def _private_address(address: str) -> bool:
+    host = urlsplit(address).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a name (a compose service, a private DNS zone): cannot tell from here
+        return True
+    return ip.is_loopback or ip.is_private
+
+
 def connect(settings: Any) -> Client:
-    """A client of ``settings.dask_scheduler``, waiting at most ``dask_connect_timeout_seconds``.
+    """A client of ``settings.dask_scheduler`` (mutual TLS when configured: :func:`security`), waiting at most
+    ``dask_connect_timeout_seconds``.
 
     Raises:
-        EngineUnavailable: the scheduler cannot be reached in time.
+        EngineUnavailable: the scheduler cannot be reached in time, or refuses our certificate.
     """
     timeout = float(settings.dask_connect_timeout_seconds)
     try:
-        return Client(settings.dask_scheduler, timeout=timeout, set_as_default=False)
+        return Client(settings.dask_scheduler, timeout=timeout, set_as_default=False, security=security(settings))
     except (OSError, TimeoutError) as exc:
         raise EngineUnavailable(
             f"engine_unavailable: the Dask scheduler (BAIT_DASK_SCHEDULER) cannot be reached within {timeout:g} s "
