@@ -210,9 +210,9 @@ class Settings(BaseSettings):
     # no API field reaches these (a Dask scheduler runs whatever code its clients send).
     dask_scheduler: str | None = Field(
         default=None,
-        description="address of a Dask scheduler, e.g. tcp://127.0.0.1:8786; when set, batches of random, margin, "
-        "confidence and entropy run their pool-wide passes on that cluster (docs/distributed.md); unset: every batch "
-        "runs in the worker's own process, as before",
+        description="address of a Dask scheduler, e.g. tcp://127.0.0.1:8786 (tls:// with BAIT_DASK_TLS_*); when set, "
+        "batches of random, margin, confidence, entropy and bait run their pool-wide passes on that cluster "
+        "(docs/distributed.md); unset: every batch runs in the worker's own process, as before",
     )
     dask_connect_timeout_seconds: float = Field(
         default=5.0,
