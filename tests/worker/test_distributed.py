@@ -7,6 +7,7 @@ API field can name a scheduler."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from service.config import Settings
 from service.main import create_app
 from tests.conftest import REDIS_URL
 from tests.e2e.procs import free_port
+from tests.service.test_web import _sign_in
 from tests.worker.factories import make_pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,6 +213,19 @@ def test_cluster_picks_equal_the_single_process_picks(
         batch = _wait(app, dask_settings, auth, data.pool_id, _batch(app, auth, data.pool_id, "coreset"))
         assert batch["status"] == "succeeded" and batch["diagnostics"]["engine"] == "local"
         assert "coreset runs in the worker's process" in batch["diagnostics"]["engine_note"]
+        # the dashboard says where each ran
+        _sign_in(app, auth["Authorization"].removeprefix("Bearer "))
+        page = app.get(f"/ui/pools/{data.pool_id}/batches/{batch['id']}").text
+        assert "Ran on the worker's own process (coreset runs in the worker&#39;s process" in page
+        pool_dask = make_pool(db, name="dask-page", **POOL)
+        dask_batch = _wait(app, dask_settings, auth, pool_dask.pool_id, _batch(app, auth, pool_dask.pool_id, "margin"))
+        pool_page = app.get(f"/ui/pools/{pool_dask.pool_id}").text
+        assert re.search(
+            r'<td class="engine">Dask cluster <small class="muted">\([12] workers?\)</small></td>', pool_page
+        )
+        page = app.get(f"/ui/pools/{pool_dask.pool_id}/batches/{dask_batch['id']}").text
+        assert re.search(r"Ran on the Dask cluster: [12] of 2 worker\(s\), 10 task\(s\), store version \d+", page)
+        assert cluster.address not in page and cluster.address not in pool_page
 
 
 def _kill_w0_mid_task(cluster: Cluster, killed: list[str]) -> None:
