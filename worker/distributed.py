@@ -19,11 +19,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
 from distributed import Client, get_worker
+from distributed.client import FutureCancelledError
 from distributed.security import Security
 
 from selection.heads import load_checkpoint
@@ -52,6 +53,45 @@ CLUSTER_STRATEGIES = (*TOP_B_STRATEGIES, "bait")
 def handles(strategy: str) -> bool:
     """Whether a strategy's pool-wide passes run on the cluster (the others run in the job's process)."""
     return strategy in CLUSTER_STRATEGIES
+
+
+LOST_INPUT_RERUNS = 2
+
+
+class _HasDiagnostics(Protocol):
+    diagnostics: dict[str, Any]
+
+
+R = TypeVar("R", bound=_HasDiagnostics)
+
+
+def rerun_when_inputs_lost(run: Callable[[], R]) -> R:
+    """``run()`` (a whole cluster pass: scatter, submit, wait), again when the cluster lost its inputs.
+
+    A pass scatters its small shared inputs (the excluded ids, the head) to every worker. Dask's active memory
+    manager may then drop all replicas but one, and a worker that dies holding the last one takes them with it:
+    the scheduler forgets them, and every task that needs them is cancelled ("already forgotten"), where a task
+    that only lost its worker would have been retried. The shard tasks only read, so the pass is run again from
+    the start, with its inputs scattered anew, at most :data:`LOST_INPUT_RERUNS` more times; the result's
+    diagnostics count the reruns (``pass_reruns``).
+
+    Raises:
+        EngineUnavailable: the inputs were lost on every try.
+    """
+    for attempt in range(LOST_INPUT_RERUNS + 1):
+        try:
+            result = run()
+        except FutureCancelledError as exc:
+            if attempt == LOST_INPUT_RERUNS:
+                raise EngineUnavailable(
+                    f"engine_unavailable: the Dask cluster lost the batch's inputs {attempt + 1} times "
+                    "(workers keep dying while it runs)"
+                ) from exc
+            log.warning("a Dask worker died holding a cluster pass's inputs (%s); running the pass again", exc)
+            continue
+        result.diagnostics["pass_reruns"] = attempt
+        return result
+    raise AssertionError("unreachable")
 
 
 def security(settings: Any) -> Security | None:

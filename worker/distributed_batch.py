@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -215,17 +216,20 @@ def _select_and_store(
                 labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
                 # as the single-process path: rows labeled since training count as in the design (never picked)
                 excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
-                picks = distributed.select_top(
-                    client,
-                    manifest,
-                    spec.strategy,
-                    spec.size,
-                    excluded,
-                    head_blob,
-                    spec.seed,
-                    check=tracker.check,
-                    progress=tracker.callback,
-                    lost_after_s=float(settings.dask_connect_timeout_seconds),
+                picks = distributed.rerun_when_inputs_lost(
+                    partial(
+                        distributed.select_top,
+                        client,
+                        manifest,
+                        spec.strategy,
+                        spec.size,
+                        excluded,
+                        head_blob,
+                        spec.seed,
+                        check=tracker.check,
+                        progress=tracker.callback,
+                        lost_after_s=float(settings.dask_connect_timeout_seconds),
+                    )
                 )
                 timings["select"] += time.perf_counter() - t
                 t = time.perf_counter()
@@ -323,17 +327,20 @@ def _select_and_store_bait(
                     device=device,
                     workers=workers,
                 )
-                g = distributed_bait.gather_bait(
-                    client,
-                    manifest,
-                    excluded,
-                    head_blob,
-                    spec.seed,
-                    prefilter,
-                    fisher,
-                    check=tracker.check,
-                    progress=tracker.callback,
-                    lost_after_s=float(settings.dask_connect_timeout_seconds),
+                g = distributed.rerun_when_inputs_lost(
+                    partial(
+                        distributed_bait.gather_bait,
+                        client,
+                        manifest,
+                        excluded,
+                        head_blob,
+                        spec.seed,
+                        prefilter,
+                        fisher,
+                        check=tracker.check,
+                        progress=tracker.callback,
+                        lost_after_s=float(settings.dask_connect_timeout_seconds),
+                    )
                 )
                 result = _greedy(spec, tracker, g, labeled_ids, excluded, params, device, why)
                 timings["select"] += time.perf_counter() - t

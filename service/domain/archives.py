@@ -138,7 +138,7 @@ def _read_npy(fp: IO[bytes], name: str, budget: int, error: type[BadRequest]) ->
     # 0.2 s for 300 MiB on a quiet machine and seconds on a busy one, stalling every other request's thread;
     # here the pages are touched chunk by chunk as they are filled, with the GIL free between chunks.
     buf = np.empty(nbytes, dtype=np.uint8)
-    view = memoryview(buf)
+    view = buf.data
     got = 0
     while got < nbytes:
         n = fp.readinto(view[got : got + _READ_CHUNK])  # type: ignore[attr-defined]

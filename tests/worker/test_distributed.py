@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -376,3 +377,31 @@ def test_bait_on_the_cluster_picks_what_the_single_process_batch_picks(
         kept = batch["diagnostics"]["selection"]["cluster"]["prefilter"]
         assert kept["n_candidates"] == n_cand and kept["random_weight"] == pytest.approx((n_cand - 300) / 200)
         assert batch["objective"] > 0
+
+
+def test_a_pass_whose_inputs_the_cluster_lost_runs_again_then_gives_up() -> None:
+    # What a worker dying with the last replica of a pass's scattered inputs looks like to the job: its tasks
+    # are cancelled ("already forgotten"). The pass runs again from the start; after LOST_INPUT_RERUNS reruns
+    # the batch fails with engine_unavailable.
+    from distributed.client import FutureCancelledError
+
+    from worker.distributed import LOST_INPUT_RERUNS, EngineUnavailable, Picks, rerun_when_inputs_lost
+
+    calls: list[int] = []
+
+    def flaky(fail: int) -> Picks:
+        calls.append(1)
+        if len(calls) <= fail:
+            raise FutureCancelledError("bait-shard-x-00001", reason="already forgotten")
+        return Picks(ids=np.array([3]), external_ids=["c"], scores=np.array([0.5]), candidates=9)
+
+    picks = rerun_when_inputs_lost(lambda: flaky(1))
+    assert len(calls) == 2 and picks.diagnostics["pass_reruns"] == 1 and picks.ids.tolist() == [3]
+    calls.clear()
+    assert rerun_when_inputs_lost(lambda: flaky(0)).diagnostics["pass_reruns"] == 0 and len(calls) == 1
+    calls.clear()
+    with pytest.raises(
+        EngineUnavailable, match=r"^engine_unavailable: the Dask cluster lost the batch's inputs 3 times"
+    ):
+        rerun_when_inputs_lost(lambda: flaky(LOST_INPUT_RERUNS + 1))
+    assert len(calls) == LOST_INPUT_RERUNS + 1
