@@ -163,8 +163,16 @@ def check_history(history: Any) -> list[Round]:
         if nl is not None and (isinstance(nl, bool) or not isinstance(nl, int) or nl < 0):
             raise ParameterError(f"history[{i}].n_labels must be a non-negative integer or null, got {nl!r}")
         rounds.append(
-            Round(str(arm), [str(a) for a in arms], [int(p) for p in picks], labels, preds, q,
-                  None if val is None else float(val), nl)
+            Round(
+                str(arm),
+                [str(a) for a in arms],
+                [int(p) for p in picks],
+                labels,
+                preds,
+                q,
+                None if val is None else float(val),
+                nl,
+            )
         )
     return rounds
 

@@ -8,8 +8,9 @@ The rule (per-dimension robust z-scores, then a robust cut on their root mean sq
 
 1. For every dimension ``j`` of the embeddings: the median ``m_j`` and the scale
    ``s_j = 1.4826 * MAD_j`` (median absolute deviation; 1.4826 makes it the standard deviation of a normal
-   dimension). A dimension whose MAD is 0 (constant, or mostly one value such as a sparse feature) uses
-   ``1.2533 * mean |x_j - m_j|`` instead; a dimension that is constant on the sample is ignored.
+   dimension). A dimension whose MAD is 0 (mostly one value, such as a sparse or binary feature) uses its
+   standard deviation instead (a robust scale of 0 would make every non-zero entry infinitely far); a
+   dimension that is constant on the sample is ignored.
 2. The robust distance of a row ``x``: ``D(x) = sqrt(mean_j ((x_j - m_j) / s_j)^2)`` (about 1 for a
    typical row of a normal pool, whatever the dimension).
 3. The row is an outlier when ``D(x) > median(D) + c * 1.4826 * MAD(D)`` over the pool, with
@@ -101,8 +102,8 @@ def _scales(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     med = S.median(dim=0).values
     dev = (S - med).abs()
     mad = dev.median(dim=0).values * _MAD_TO_SD
-    meanad = dev.mean(dim=0) * _MEANAD_TO_SD
-    scale = torch.where(mad > 0, mad, meanad)
+    sd = S.std(dim=0) if S.shape[0] > 1 else torch.zeros_like(med)
+    scale = torch.where(mad > 0, mad, sd)
     return med, scale
 
 
