@@ -35,6 +35,7 @@ probability is the importance weight that makes the per-arm reward estimate unbi
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -210,7 +211,7 @@ class _Evidence:
 
 
 def _evidence(rounds: list[Round], task: str) -> _Evidence:
-    pairs = list(zip(rounds[:-1], rounds[1:], strict=True))
+    pairs = list(itertools.pairwise(rounds))
     validation = bool(pairs) and all(
         a.validation is not None and b.validation is not None and a.n_labels is not None and b.n_labels is not None
         for a, b in pairs
@@ -351,7 +352,7 @@ def auto(
     arm = arms[int(rng.choice(len(arms), p=qs / qs.sum()))]
 
     B = problem.batch_size
-    n_explore = 0 if B == 1 or arm == "random" else min(B - 1, int(round(explore_ * B)))
+    n_explore = 0 if B == 1 or arm == "random" else min(B - 1, round(explore_ * B))
     main = B - n_explore
     sub = replace(problem, batch_size=main, seed=int(rng.integers(2**31)))
     out = REGISTRY[arm].fn(sub)

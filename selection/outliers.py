@@ -175,11 +175,11 @@ def robust_outliers(
     spread = _MAD_TO_SD * d_mad if d_mad > 0 else _MEANAD_TO_SD * float(d_dev.mean())
     threshold = d_med + float(c) * spread
     rows_t = torch.as_tensor(idx, device=T.device)
-    dist = _distances(T[rows_t].to(torch.float64), med, scale, used).cpu().numpy()
-    flagged = dist > threshold
+    dist_np = _distances(T[rows_t].to(torch.float64), med, scale, used).cpu().numpy()
+    flagged = dist_np > threshold
     return OutlierReport(
         rows=idx,
-        distances=dist,
+        distances=dist_np,
         flagged=flagged,
         threshold=threshold,
         median=d_med,
