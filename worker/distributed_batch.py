@@ -30,6 +30,7 @@ from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
 from selection.passes import TOP_B_STRATEGIES
 from service.db import session_scope
 from service.domain import coldstart
+from service.domain.strategies import EXCLUDE_OUTLIERS
 from service.store import content as content_store
 from service.store.models import Pool
 from worker import context, distributed, pool_store, quality, threads
@@ -89,6 +90,8 @@ def run(
             "engine_note": f"{spec.strategy} runs in the worker's process; on the Dask cluster so far: "
             + ", ".join(TOP_B_STRATEGIES),
         }
+    if spec.params.get(EXCLUDE_OUTLIERS) is True:
+        return {"engine": "local", "engine_note": "exclude_outliers (the pool-wide outlier check) runs in the worker"}
     t0 = time.perf_counter()
     timings: dict[str, float] = {"queued": spec.queued_for}
     now = utcnow()

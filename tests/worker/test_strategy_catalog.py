@@ -64,3 +64,10 @@ def test_check_request_names_valid_choices() -> None:
         strategies.check_request("bait", "classification", {"approx_dim": 2.5})
     with pytest.raises(BadRequest, match="per-row arrays"):
         strategies.check_request("bait", "classification", {"fisher_weights": [1.0]})
+
+
+def test_auto_arms_and_round_keys_match_the_library() -> None:
+    from selection import auto
+
+    assert set(strategies.AUTO_ARMS) == set(auto.ALL_ARMS)
+    assert set(strategies.AUTO_ROUND_KEYS) == set(auto.ROUND_KEYS)
