@@ -53,7 +53,7 @@ def test_check_request_names_valid_choices() -> None:
     with pytest.raises(BadRequest, match=r"valid strategies: .*bait.*random"):
         strategies.check_request("fancy", "classification", {})
     with pytest.raises(
-        BadRequest, match=r"strategies for regression: bait, bait_nofisher, coreset, kmeanspp, random, typiclust$"
+        BadRequest, match=r"strategies for regression: auto, bait, bait_nofisher, coreset, kmeanspp, random, typiclust$"
     ):
         strategies.check_request("margin", "regression", {})
     with pytest.raises(BadRequest, match=r"valid parameters: .*oversample.*seed"):
