@@ -133,7 +133,7 @@ def test_batch_rejects_strategy_not_for_pool_task(
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
         "strategy 'margin' supports classification, not regression; "
-        "strategies for regression: bait, bait_nofisher, coreset, kmeanspp, random, typiclust"
+        "strategies for regression: auto, bait, bait_nofisher, coreset, kmeanspp, random, typiclust"
     )
     assert count_rows(db, Batch) == 0
 
