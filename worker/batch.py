@@ -11,6 +11,7 @@ for cancellation at every progress write (:class:`worker.runtime.Tracker`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,11 +30,11 @@ from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.domain import coldstart
+from service.domain.strategies import EXCLUDE_OUTLIERS
 from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
-from service.domain.strategies import EXCLUDE_OUTLIERS
 from worker import annotation, context, pool_cache, quality, steering, threads, webhooks
 from worker.pool_data import PoolArrays, current_design, load_pool
 from worker.runtime import Stopped, Tracker, jsonable, utcnow
@@ -309,18 +310,16 @@ def _select_and_store(
                 if strategy == "auto":
                     run_params["history"] = steering.build_history(s, spec.batch_id, spec.pool_id, data)
 
-                def run_select(**arrays: Any) -> Any:
-                    return selection.select(
-                        strategy,
-                        **arrays,
-                        batch_size=spec.size,
-                        task=loaded.task,
-                        seed=spec.seed,
-                        device=device,
-                        progress=tracker.callback,
-                        **run_params,
-                    )
-
+                run_select = functools.partial(
+                    selection.select,
+                    strategy,
+                    batch_size=spec.size,
+                    task=loaded.task,
+                    seed=spec.seed,
+                    device=device,
+                    progress=tracker.callback,
+                    **run_params,
+                )
                 result, outliers = steering.select_checked(
                     run_select,
                     features=model.features,

@@ -102,7 +102,7 @@ def test_second_batch_counts_round_and_avoids_first_batch(
         ({"size": 0, "strategy": "random"}, 400, "size must be at least 1"),
         ({"size": -3, "strategy": "random"}, 400, "size must be at least 1"),
         ({"size": 91, "strategy": "random"}, 400, "size 91 is more than the 90 item(s) available"),
-        ({"size": 5, "strategy": "fancy"}, 400, "unknown strategy 'fancy'; valid strategies: badge, bait,"),
+        ({"size": 5, "strategy": "fancy"}, 400, "unknown strategy 'fancy'; valid strategies: auto, badge, bait,"),
         ({"size": 5, "strategy": "bait", "params": {"oversampel": 2}}, 400, "unknown parameter(s) 'oversampel'"),
         ({"size": 5, "strategy": "bait", "params": {"lam": "big"}}, 400, "'lam' of strategy 'bait' must be float"),
         (
