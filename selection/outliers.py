@@ -17,8 +17,9 @@ The rule (per-dimension robust z-scores, then a robust cut on their root mean sq
    ``c = 5`` (:data:`DEFAULT_C`): for normal data that is about 1 row in 10^4 at d = 2 and far fewer at
    d >= 16, while a row 10^3 times the pool's scale is flagged at any dimension.
 
-Medians and MADs are taken over a seeded uniform sample of at most ``sample`` rows (all rows of a smaller
-pool), so the cost is ``O(sample * d)`` for the statistics plus ``O(d)`` per row checked.
+Medians and MADs are taken over a seeded uniform sample of at most ``sample`` rows (5,000 by default; all rows
+of a smaller pool), so the cost is ``O(sample * d)`` for the statistics plus ``O(d)`` per row checked; only the
+rows read (the sample and the rows checked) are checked for NaN/inf.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from selection.errors import InputDataError, ParameterError
 #: Rows with a robust distance above ``median + DEFAULT_C * 1.4826 * MAD`` of the pool's distances are outliers.
 DEFAULT_C = 5.0
 #: Rows the medians and MADs are computed on (a seeded uniform sample when the pool is larger).
-DEFAULT_SAMPLE = 20_000
+DEFAULT_SAMPLE = 5_000
+_CHUNK = 65_536
 _MAD_TO_SD = 1.4826
 _MEANAD_TO_SD = 1.2533
 RULE = (
@@ -142,8 +144,6 @@ def robust_outliers(
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
         raise ParameterError(f"sample must be an integer >= 2, got {sample!r}")
     T = _as_tensor(X)
-    if not bool(torch.isfinite(T).all()):
-        raise InputDataError("embeddings contain NaN or inf")
     n = int(T.shape[0])
     if rows is None:
         idx = np.arange(n, dtype=np.int64)
@@ -162,6 +162,8 @@ def robust_outliers(
     else:
         S = T
     S = S.to(torch.float64)
+    if not bool(torch.isfinite(S).all()):  # only the rows read are checked: the pool may be large
+        raise InputDataError("embeddings contain NaN or inf")
     med, scale = _scales(S)
     used = int((scale > 0).sum())
     if used == 0:  # every dimension is constant on the sample: nothing can stand out but exact copies
@@ -174,8 +176,14 @@ def robust_outliers(
     # as per dimension: a MAD of 0 (most rows at the same distance) falls back to the mean absolute deviation
     spread = _MAD_TO_SD * d_mad if d_mad > 0 else _MEANAD_TO_SD * float(d_dev.mean())
     threshold = d_med + float(c) * spread
-    rows_t = torch.as_tensor(idx, device=T.device)
-    dist_np = _distances(T[rows_t].to(torch.float64), med, scale, used).cpu().numpy()
+    parts = []
+    for start in range(0, idx.shape[0], _CHUNK):  # float64 copies of at most _CHUNK rows at a time
+        rows_t = torch.as_tensor(idx[start : start + _CHUNK], device=T.device)
+        block = T[rows_t].to(torch.float64)
+        if not bool(torch.isfinite(block).all()):
+            raise InputDataError("embeddings contain NaN or inf in the rows checked")
+        parts.append(_distances(block, med, scale, used).cpu().numpy())
+    dist_np = np.concatenate(parts) if parts else np.zeros(0)
     flagged = dist_np > threshold
     return OutlierReport(
         rows=idx,
