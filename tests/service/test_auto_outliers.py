@@ -192,3 +192,60 @@ def test_auto_on_another_tenants_pool_gives_nothing_away(
     assert r.status_code == 404 and "auto" not in r.text and mine["item_ids"][0] not in r.text
     assert count_rows(db, Batch) == 1
     assert CLASSES  # the pool's classes are not in any answer to the other tenant
+
+
+def test_validation_items_make_auto_report_gains_per_100_labels(
+    client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
+) -> None:
+    pool = make_pool(db, n=200, n_labeled=12)
+    held = pool.external_ids[150:]
+    with session_scope(db) as s:
+        for ext in held:
+            label = CLASSES[int(pool.y[pool.external_ids.index(ext)])]
+            s.execute(
+                update(Item)
+                .where(Item.pool_id == pool.pool_id, Item.external_id == ext)
+                .values(split="validation", status="labeled", label=label)
+            )
+    batches = []
+    for seed in (1, 2, 3):
+        batch = run_batch(client, auth, run_jobs, pool.pool_id, size=10, strategy="auto", params={"seed": seed})
+        assert not set(batch["item_ids"]) & set(held)  # validation items are never picked
+        assert batch["diagnostics"]["auto"]["round"]["validation"] is not None  # the checkpoint's accuracy
+        label_batch(db, pool, batch)
+        batches.append(batch)
+    auto = batches[-1]["diagnostics"]["auto"]
+    ev = auto["evidence"]
+    assert ev["mode"] == "validation" and ev["rounds_scored"] == 1
+    first = batches[0]["diagnostics"]["auto"]["round"]
+    second = batches[1]["diagnostics"]["auto"]["round"]
+    gain = 100 * (second["validation"] - first["validation"]) * 100 / (second["n_labels"] - first["n_labels"])
+    assert ev["per_arm"][first["arm"]]["gain_per_100_labels"] == pytest.approx(gain)
+    assert "points of validation accuracy per 100 labels" in auto["summary"] or "no evidence" in auto["summary"]
+
+
+def test_select_endpoint_runs_auto_with_the_callers_history(client: TestClient, auth: dict[str, str]) -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    P = np.full((40, 2), 0.5)
+    P[:, 0] = 1 / (1 + np.exp(-X[:, 0]))
+    P[:, 1] = 1 - P[:, 0]
+    q = {"bait": 0.25, "badge": 0.25, "margin": 0.25, "random": 0.25}
+    rnd = {"arm": "bait", "arms": ["bait", "random"], "picks": [0, 1], "labels": [1, 0], "probabilities": q}
+    body = {
+        "strategy": "auto",
+        "batch_size": 4,
+        "embeddings": X.tolist(),
+        "probs": P.tolist(),
+        "labeled": list(range(6)),
+        "params": {"seed": 3, "history": [rnd, {**rnd, "predictions": [1, 1]}]},
+    }
+    r = client.post("/v1/select", json=body, headers=auth)
+    assert r.status_code == 200, r.text
+    auto = r.json()["diagnostics"]["auto"]
+    assert auto["evidence"]["rounds"] == 2 and auto["evidence"]["rounds_scored"] == 1
+    assert auto["evidence"]["per_arm"]["bait"]["reward"] == 0.0  # the uniform pick after bait was mispredicted
+    body["params"]["history"][1] = {**rnd, "probabilities": {"bait": 2.0}}  # shape fine, values not: the library
+    r = client.post("/v1/select", json=body, headers=auth)
+    assert r.status_code == 400, r.text
+    assert "history[1].probabilities['bait'] must be in (0, 1], got 2.0" in r.json()["error"]["message"]
