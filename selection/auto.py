@@ -15,8 +15,9 @@ slots (0 when ``B = 1``) are drawn uniformly at random from the remaining candid
 
 The reward of round ``t`` (known once round ``t + 1``'s picks are labeled; rewards arrive one round late):
 
-* **validation gains** when every finished round has the validation score of the model it selected with
-  (``validation``, in [0, 1]: accuracy, or R^2 for regression) and ``n_labels``: the gain of the model
+* **validation gains** when the two latest rounds have the validation score of the model each selected with
+  (``validation``, in [0, 1]: accuracy, or R^2 for regression) and ``n_labels`` (earlier rounds without them,
+  e.g. cold rounds that trained no model, are then not scored): the gain of the model
   from round ``t`` to round ``t + 1`` in points per 100 labels, ``g = 100 * (v_{t+1} - v_t) * 100 /
   (n_{t+1} - n_t)``, mapped to ``r = clip(0.5 + g / 20, 0, 1)`` (+-10 points per 100 labels saturate);
 * otherwise **importance-weighted accuracy** of the model trained after round ``t``'s labels (the one that
@@ -212,14 +213,19 @@ class _Evidence:
 
 def _evidence(rounds: list[Round], task: str) -> _Evidence:
     pairs = list(itertools.pairwise(rounds))
-    validation = bool(pairs) and all(
-        a.validation is not None and b.validation is not None and a.n_labels is not None and b.n_labels is not None
-        for a, b in pairs
-    )
+
+    def scored(a: Round, b: Round) -> bool:
+        return None not in (a.validation, b.validation, a.n_labels, b.n_labels)
+
+    # validation gains when the latest pair of rounds has them (earlier rounds without, e.g. cold ones that
+    # trained no model, are then not scored); importance-weighted accuracy otherwise
+    validation = bool(pairs) and scored(*pairs[-1])
     rewards: list[tuple[int, str, float]] = []
     gains: list[tuple[str, float]] = []
     biased = 0
     for t, (a, b) in enumerate(pairs):
+        if validation and not scored(a, b):
+            continue
         if validation:
             assert a.validation is not None and b.validation is not None
             assert a.n_labels is not None and b.n_labels is not None

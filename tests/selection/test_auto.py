@@ -174,3 +174,19 @@ def test_regression_warm_arms() -> None:
     r = select("auto", embeddings=X, labeled=np.arange(10), batch_size=6, seed=1, task="regression")
     d = r.diagnostics["auto"]
     assert d["cold"] is False and d["arms_in_play"] == ["bait", "random"]
+
+
+def test_cold_rounds_without_validation_do_not_block_validation_evidence() -> None:
+    cold_q = dict.fromkeys(COLD_ARMS, 1 / 3)
+    warm_q = dict.fromkeys(WARM_ARMS["classification"], 0.25)
+    rounds = [a_round("typiclust", cold_q, [True] * 6), a_round("typiclust", cold_q, [True] * 6)]
+    rounds[0]["predictions"] = rounds[1]["predictions"] = [None] * 6  # no model while cold
+    rounds += [
+        a_round("bait", warm_q, [True] * 6, val=0.6, n=20),
+        a_round("margin", warm_q, [True] * 6, val=0.7, n=30),
+        a_round("bait", warm_q, [True] * 6, val=0.7, n=40),
+    ]
+    _, ev = bandit(check_history(rounds), WARM_ARMS["classification"], 0.2, "classification")
+    assert ev.mode == "validation"
+    assert [(t, a) for t, a, _ in ev.rewards] == [(2, "bait"), (3, "margin")]
+    assert ev.gains == [("bait", pytest.approx(100.0)), ("margin", pytest.approx(0.0))]
