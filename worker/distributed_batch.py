@@ -37,6 +37,7 @@ from selection.bait_passes import objective_with_fisher, stratum_weights
 from selection.heads import HeadConfig, TrainedHead, predict, save_checkpoint, train_head
 from service.db import session_scope
 from service.domain import coldstart
+from service.domain.strategies import EXCLUDE_OUTLIERS
 from service.store import content as content_store
 from service.store.models import Pool
 from worker import context, distributed, distributed_bait, pool_store, quality, threads
@@ -98,6 +99,8 @@ def run(
             "engine_note": f"{spec.strategy} runs in the worker's process; on the Dask cluster so far: "
             + ", ".join(distributed.CLUSTER_STRATEGIES),
         }
+    if spec.params.get(EXCLUDE_OUTLIERS) is True:
+        return {"engine": "local", "engine_note": "exclude_outliers (the pool-wide outlier check) runs in the worker"}
     t0 = time.perf_counter()
     timings: dict[str, float] = {"queued": spec.queued_for}
     now = utcnow()
