@@ -403,8 +403,8 @@ def _reason(
         parts.append(f"predictions stable ({name} {floor:.3f} or more over the last {window} rounds)")
     elif stable is False:
         parts.append(
-            f"predictions still change ({name} {recent[-1]:.3f} between the last two rounds; "
-            f"stopping needs {threshold} or more for {window} rounds)"
+            f"predictions still change ({name} {min(recent):.3f} at the lowest over the last {len(recent)} "
+            f"round(s), {recent[-1]:.3f} between the last two; stopping needs {threshold} or more for {window} rounds)"
         )
     limit = f"{100 * bound:.1f} points" if spec.points else f"{bound:.3g}"
     if slope is not None:
