@@ -313,7 +313,7 @@ class IntegrationConfig:
     batch_size: int = 10
     strategy: str = "bait"
     data_map: dict[str, str] | None = None  # item data key -> task data key, where they differ
-    auto_batch: dict[str, Any] | None = None  # {"size", "when": "batch_done" | "every_n_labels", "n"}
+    auto_batch: dict[str, Any] | None = None  # {"size", "when", "n", "stop_when_recommended"}
     next_batch_view: bool = True  # keep a Data Manager view "bait: next batch"
 
     @classmethod

@@ -35,7 +35,7 @@ from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
-from worker import annotation, context, pool_cache, quality, steering, threads, webhooks
+from worker import annotation, context, pool_cache, quality, steering, stopping, threads, webhooks
 from worker.pool_data import PoolArrays, current_design, load_pool
 from worker.runtime import Stopped, Tracker, jsonable, utcnow
 
@@ -471,6 +471,9 @@ def _store_batch(
         s.flush()
         if assessed is not None and assessed.map_json is not None:
             quality_store.put_map(s, checkpoint.id, spec.pool_id, assessed.map_json, assessed.map_points, now)
+        task = "regression" if trained.config.task == "regression" else "classification"
+        stop_set = None if assessed is None else assessed.stop_set
+        stopping.record(s, spec.pool_id, checkpoint.id, checkpoint.round, checkpoint.n_labels, task, stop_set, now)
     end = time.perf_counter()
     timings["store"] += end - started[1]  # without the commit itself
     timings["total"] = end - started[0]

@@ -23,6 +23,7 @@ from selection.metrics import classification_metrics, pca_2d, regression_metrics
 from service.db import session_scope
 from service.store import quality as store
 from service.store.models import Pool
+from worker import stopping
 from worker.pool_data import PoolArrays, PoolDataError, label_decoder
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Quality:
     map_json: bytes | None = None
     map_points: int = 0
     val: ValidationSet | None = None  # the items scored, drawn into the map too
+    stop_set: stopping.StopSet | None = None  # the head's predictions on the pool's stop set (stopping rule)
 
 
 def _numpy(t: Any) -> np.ndarray:
@@ -200,9 +202,12 @@ def pool_map(
 
 
 def assess(factory: sessionmaker[Session], pool_id: str, trained: TrainedHead, classes: list[str] | None) -> Quality:
-    """Score ``trained`` on the pool's labeled validation items (``validation`` is None without any)."""
+    """Score ``trained`` on the pool's labeled validation items (``validation`` is None without any), and
+    predict the pool's stop set (:mod:`worker.stopping`)."""
     val = load_validation(factory, pool_id)
-    return Quality(None if val is None else score(trained, val, classes), val=val)
+    task = "classification" if classes is not None else "regression"
+    stop_set = stopping.predict(factory, pool_id, trained, task)
+    return Quality(None if val is None else score(trained, val, classes), val=val, stop_set=stop_set)
 
 
 def draw_map(

@@ -37,6 +37,11 @@ class AutoBatch(RequestModel):
         "labels arrived since it was created",
     )
     n: int | None = Field(default=None, ge=1, le=1_000_000, description="labels per batch with every_n_labels")
+    stop_when_recommended: bool = Field(
+        default=False,
+        description="create no batch while the stopping rule recommends stopping (GET .../curve `stop`, on the "
+        "pool's default metric); the integration's auto_batch_stopped then says why",
+    )
 
 
 class LabelStudioConnect(RequestModel):
@@ -104,6 +109,11 @@ class IntegrationOut(BaseModel):
         "less than BAIT_LABELSTUDIO_HINT_INTERVAL_SECONDS before",
     )
     train_requested: bool = Field(description="a START_TRAINING waits for the auto_batch policy to allow a batch")
+    auto_batch_stopped: dict[str, Any] | None = Field(
+        default=None,
+        description="with auto_batch.stop_when_recommended: why auto batches stopped ({reason, round, at}: the "
+        "stopping rule's reason at that checkpoint round); null while they run",
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -47,12 +47,26 @@ class CurvePoint(BaseModel):
     created_at: datetime
 
 
+class StopRecommendation(BaseModel):
+    recommended: bool = Field(description="the stopping rule says the next labels are unlikely to help")
+    reason: str = Field(description="one sentence: what the rule saw, or what it still needs")
+    evidence: dict[str, Any] = Field(
+        description="agreement {measure (kappa | r2), threshold, window, rounds_compared, recent, lowest, stable}, "
+        "validation {metric, rounds_scored, n_labels, values, min_gain, flat}, expected_gain_next {labels, value, "
+        "low, high, se, level} (metric units, positive = better; null until 3 rounds are scored), missing, "
+        "checkpoint_id, round, stop_set {items, compared_with, items_compared}"
+    )
+
+
 class Curve(BaseModel):
     pool_id: str
     task: str
     metric: str
     metrics: list[str]
     points: list[CurvePoint]
+    stop: StopRecommendation = Field(
+        description="the stopping rule at the latest checkpoint for `metric` (docs: auto-and-stopping.md)"
+    )
 
 
 @router.patch("/items", response_model=SplitResult, responses=ERROR_RESPONSES)
@@ -72,7 +86,8 @@ def curve(
     ] = None,
 ) -> Curve:
     """Validation metric vs number of training labels, one point per checkpoint (oldest first), with the
-    strategy that chose the labels added before each round."""
+    strategy that chose the labels added before each round, and whether the stopping rule recommends to stop
+    labeling (stable predictions on a fixed stop set and a flat validation curve)."""
     return Curve(**domain.curve(session, tenant.id, pool, metric))
 
 

@@ -6,9 +6,13 @@ the integration's ``auto_batch`` policy allows it, and submits its job once the 
 is asked again whenever a label arrives from the platform (an annotation, a reconcile) while a request
 is pending.
 
-The policy (:func:`effective_auto_batch`): ``{"size", "when", "n"}``; never while a batch of the pool is
-queued or running; after the last auto batch, ``when = "batch_done"`` waits until its items are all
-labeled, ``when = "every_n_labels"`` until ``n`` labels arrived since it was created.
+The policy (:func:`effective_auto_batch`): ``{"size", "when", "n", "stop_when_recommended"}``; never while a
+batch of the pool is queued or running; after the last auto batch, ``when = "batch_done"`` waits until its
+items are all labeled, ``when = "every_n_labels"`` until ``n`` labels arrived since it was created. With
+``stop_when_recommended`` (default false) no batch is created while the stopping rule recommends stopping
+(at the pool's latest checkpoint, on its default validation metric): the request stays pending, and the
+integration's state records why (``auto_batch_stopped``: reason, round, since when), shown by the
+integration's GET and on the dashboard. A batch requested by hand trains a new checkpoint, which may lift it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from service import catalog
 from service.domain.batches import BatchRequest, new_batch_row
+from service.domain.quality import stop_recommendation
 from service.errors import BadRequest, ServiceError
 from service.labelstudio import IntegrationConfig
 from service.queue import JobQueue, enqueue_on_commit
@@ -35,15 +40,19 @@ AUTO_BATCH_WHEN = ("batch_done", "every_n_labels")
 
 
 def effective_auto_batch(config: IntegrationConfig) -> dict[str, Any]:
-    """``auto_batch`` with its defaults: ``{"size": batch_size, "when": "batch_done", "n": size}``.
+    """``auto_batch`` with its defaults: ``{"size": batch_size, "when": "batch_done", "n": size,
+    "stop_when_recommended": False}``.
 
     Raises:
-        BadRequest: an unknown key, a size or n below 1, or an unknown ``when``.
+        BadRequest: an unknown key, a size or n below 1, an unknown ``when``, a non-boolean stop switch.
     """
     given = dict(config.auto_batch or {})
-    unknown = sorted(set(given) - {"size", "when", "n"})
+    unknown = sorted(set(given) - {"size", "when", "n", "stop_when_recommended"})
     if unknown:
-        raise BadRequest(f"auto_batch: unknown key(s) {unknown}; it takes size, when and n")
+        raise BadRequest(f"auto_batch: unknown key(s) {unknown}; it takes size, when, n and stop_when_recommended")
+    stop = given.get("stop_when_recommended", False)
+    if not isinstance(stop, bool):
+        raise BadRequest(f"auto_batch.stop_when_recommended must be true or false, got {stop!r}")
     size = given.get("size", config.batch_size)
     when = given.get("when", "batch_done")
     n = given.get("n", size)
@@ -52,7 +61,7 @@ def effective_auto_batch(config: IntegrationConfig) -> dict[str, Any]:
     for name, v in (("size", size), ("n", n)):
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
             raise BadRequest(f"auto_batch.{name} must be an integer from 1 to 1000000, got {v!r}")
-    return {"size": size, "when": when, "n": n}
+    return {"size": size, "when": when, "n": n, "stop_when_recommended": stop}
 
 
 def request_training(session: Session, integration_id: str, now: datetime) -> bool:
@@ -103,8 +112,19 @@ def evaluate(session: Session, queue: JobQueue, integration_id: str, now: dateti
     if reason is not None:
         log.info("integration %s: no new batch yet (%s)", integration_id, reason)
         return None
-    size = min(int(policy["size"]), batches_repo.count_available(session, pool.id, now))
     state = dict(integration.state or {})
+    if policy.get("stop_when_recommended"):
+        stop = stop_recommendation(session, pool)
+        if stop["recommended"]:
+            rnd = stop["evidence"].get("round")
+            held = state.get("auto_batch_stopped") or {}
+            if held.get("round") != rnd:  # record once per checkpoint (evaluated again at every label)
+                state["auto_batch_stopped"] = {"reason": stop["reason"], "round": rnd, "at": now.isoformat()}
+                integration.state = state
+            log.info("integration %s: no new batch: the stopping rule recommends stopping", integration_id)
+            return None
+    state.pop("auto_batch_stopped", None)
+    size = min(int(policy["size"]), batches_repo.count_available(session, pool.id, now))
     state.pop("train_requested_at", None)
     if size < 1:
         integration.state = state

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from service.domain import batches as batches_domain
 from service.domain import integrations as integrations_domain
 from service.domain import pools as pools_domain
+from service.domain import quality as quality_domain
 from service.domain import strategies
 from service.domain import webhooks as webhooks_domain
 from service.domain.platforms import platform_for
@@ -81,6 +82,7 @@ def pool_page(
         "integrations": integrations,
         "deliveries": deliveries[:20] if admin else None,
         "strategies": strategies.names_for(pool.task),
+        "stop": quality_domain.stop_recommendation(session, pool),
     }
 
 

@@ -275,6 +275,7 @@ def view(session: Session, integration: Integration) -> dict[str, Any]:
         "unmatched_annotations": int(state.get("unmatched_annotations") or 0),
         "refused_hints": int(state.get("refused_hints") or 0),
         "train_requested": state.get("train_requested_at") is not None,
+        "auto_batch_stopped": state.get("auto_batch_stopped"),
         "id": integration.id,
         "kind": integration.kind,
         "url": integration.url,

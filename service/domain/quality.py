@@ -24,6 +24,7 @@ from service.domain.pools import get_pool
 from service.errors import NotFound, UnknownItem, ValidationFailed
 from service.store import items as items_repo
 from service.store import quality as store
+from service.store import stopping as stop_store
 from service.store.models import Item, Pool
 
 CLASSIFICATION_METRICS = ("accuracy", "macro_f1", "log_loss", "ece")
@@ -126,7 +127,43 @@ def curve(session: Session, tenant_id: str, pool_id: str, metric: str | None = N
                 "created_at": created_at,
             }
         )
-    return {"pool_id": pool.id, "task": pool.task, "metric": metric, "metrics": list(names), "points": points}
+    return {
+        "pool_id": pool.id,
+        "task": pool.task,
+        "metric": metric,
+        "metrics": list(names),
+        "points": points,
+        "stop": stop_recommendation(session, pool, metric),
+    }
+
+
+def stop_recommendation(session: Session, pool: Pool, metric: str | None = None) -> dict[str, Any]:
+    """The stopping rule at the pool's latest checkpoint for ``metric`` (default accuracy / rmse):
+    ``{"recommended", "reason", "evidence"}``, computed by the worker that trained the checkpoint
+    (``selection.stopping``; ``worker.stopping`` stores it). Without a checkpoint, or one trained before the
+    rule existed, it is not recommended and the reason says what is missing."""
+    names = CLASSIFICATION_METRICS if pool.task == "classification" else REGRESSION_METRICS
+    metric = metric or names[0]
+    latest = stop_store.latest_recommendation(session, pool.id)
+    if latest is None:
+        return {
+            "recommended": False,
+            "reason": "Keep labeling: no model trained yet (each batch of a model-based strategy trains one "
+            "and records the stopping evidence).",
+            "evidence": {"checkpoints": 0, "missing": ["a trained checkpoint"]},
+        }
+    checkpoint_id, rnd, _n_labels, recommendation = latest
+    found = (recommendation or {}).get("by_metric", {}).get(metric)
+    if found is None:
+        return {
+            "recommended": False,
+            "reason": f"Keep labeling: the latest checkpoint (round {rnd}) has no stopping evidence (it was trained "
+            "before the stopping rule, or its stop set could not be predicted); the next batch records it.",
+            "evidence": {"checkpoint_id": checkpoint_id, "round": rnd, "missing": ["stopping evidence"]},
+        }
+    evidence = dict(found.get("evidence") or {})
+    evidence.update(checkpoint_id=checkpoint_id, round=rnd, stop_set=(recommendation or {}).get("stop_set"))
+    return {"recommended": bool(found["recommended"]), "reason": str(found["reason"]), "evidence": evidence}
 
 
 def map_json(session: Session, tenant_id: str, pool_id: str, checkpoint_id: str | None) -> bytes:

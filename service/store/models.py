@@ -291,6 +291,23 @@ class CheckpointMap(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class CheckpointStop(Base):
+    """The stopping rule at a checkpoint (``selection.stopping``): the head's predictions on the pool's stop
+    set (npz bytes: internal item ``ids`` and ``pred``, class indices or targets; the set is chosen once per
+    pool and carried from checkpoint to checkpoint), their ``agreement`` with the previous round's (kappa or
+    R²; null when not compared), and the ``recommendation`` per validation metric."""
+
+    __tablename__ = "checkpoint_stops"
+
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"), primary_key=True)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    n_items: Mapped[int] = mapped_column(Integer)
+    predictions: Mapped[bytes | None] = mapped_column(LargeBinary)
+    agreement: Mapped[float | None] = mapped_column(Float)
+    recommendation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class SelectJob(Base):
     """A stateless POST /v1/select request: arrays in (npz bytes), indices out."""
 

@@ -250,7 +250,7 @@ def test_start_training_follows_the_batch_done_policy(
 ) -> None:
     pool = make_pool(db, n=60, n_labeled=9)
     created = connect(client, auth, pool.pool_id, ls, strategy="random", auto_batch={"size": 3}).json()
-    assert created["config"]["auto_batch"] == {"size": 3, "when": "batch_done", "n": 3}
+    assert created["config"]["auto_batch"] == {"size": 3, "when": "batch_done", "n": 3, "stop_when_recommended": False}
     train = {"action": "START_TRAINING", "project": {"id": 7}}
     assert webhook(client, created, train).json()["status"] == "queued"
     run_jobs(until=lambda: len(ls.tasks) == 3)

@@ -32,6 +32,13 @@
     canvas.dataset.points = String(pts.length);
     const trainKey = data.task === "classification" ? (metric === "accuracy" ? "train_accuracy" : null) : (metric === "rmse" ? "train_rmse" : null);
     document.getElementById("curve-empty").hidden = pts.some((p) => p.value !== null);
+    const stop = document.getElementById("stop");
+    if (stop && data.stop) {
+      stop.dataset.recommended = String(data.stop.recommended);
+      stop.className = "stop " + (data.stop.recommended ? "stop-yes" : "stop-no");
+      document.getElementById("stop-verdict").textContent = data.stop.recommended ? "Stopping recommended" : "Keep labeling";
+      document.getElementById("stop-reason").textContent = data.stop.reason;
+    }
     const datasets = [{
       label: "validation " + data.metric, borderColor: "#2f6fdf", backgroundColor: "#2f6fdf",
       data: pts.filter((p) => p.value !== null).map((p) => ({ x: p.n_labels, y: p.value, strategy: p.strategy, round: p.round })),
