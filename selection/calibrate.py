@@ -67,6 +67,7 @@ class Rates:
     dense: float = 0.0  # 0: ``matrix`` (rates built before the dense rate existed)
     source: str = "table"
     seconds: float = 0.0  # time the measurement took
+    dense_threads: int = 0  # torch threads of the setup's factorisations (0: torch's own)
     complete: bool = True  # every rate measured (False: some scaled from the table, see CAP_S)
     setup_factor: float = 1.0  # measured / estimated setup time so far in this process (see observe)
     greedy_factor: float = 1.0  # the same for the greedy passes
@@ -94,6 +95,7 @@ class Rates:
             "matrix": float(f"{self.matrix:.3g}"),
             "stream": float(f"{self.stream:.3g}"),
             "dense": float(f"{self.dense_rate:.3g}"),
+            "dense_threads": self.dense_threads,
             "seconds": float(f"{self.seconds:.3g}"),
             "setup_factor": float(f"{self.setup_factor:.3g}"),
             "greedy_factor": float(f"{self.greedy_factor:.3g}"),
@@ -152,8 +154,8 @@ def machine_rates(device: torch.device, dtype: torch.dtype, threads: int, *, bud
     with ``BAIT_RATES=table``.
 
     ``budget_s`` (the caller's time budget) bounds a measurement made now to
-    ``min(CAP_S, CAP_BUDGET_FRACTION * budget_s)``; a partial one is completed once, by the first later
-    call whose budget allows :data:`CAP_S`.
+    ``min(CAP_S, CAP_BUDGET_FRACTION * budget_s)``; a partial one is redone once, by the first later
+    call with a ``budget_s`` that allows :data:`CAP_S` (calls without one use the cache as it is).
     """
     if os.environ.get("BAIT_RATES", "").strip() == "table":
         return table_rates(device, dtype)
@@ -161,7 +163,13 @@ def machine_rates(device: torch.device, dtype: torch.dtype, threads: int, *, bud
     key = _key(device, dtype, threads)
     with _LOCK:
         hit = _CACHE.get(key)
-        redo = hit is not None and not hit.complete and cap >= CAP_S and "redone" not in hit.source
+        redo = (
+            hit is not None
+            and budget_s is not None
+            and not hit.complete
+            and cap >= CAP_S
+            and "redone" not in hit.source
+        )
         if hit is None or redo:
             try:
                 fresh = measure(device, dtype, threads, cap_s=cap)
@@ -177,6 +185,15 @@ def machine_rates(device: torch.device, dtype: torch.dtype, threads: int, *, bud
             hit = fresh
             _CACHE[key] = hit
         return hit
+
+
+def dense_threads(device: torch.device, dtype: torch.dtype, threads: int) -> int:
+    """Torch threads for the setup's ``D^3`` factorisations: the faster measured, else torch's own."""
+    if device.type != "cpu" or os.environ.get("BAIT_RATES", "").strip() == "table":
+        return torch.get_num_threads()
+    with _LOCK:
+        hit = _CACHE.get(_key(device, dtype, threads))
+    return hit.dense_threads if hit is not None and hit.dense_threads > 0 else torch.get_num_threads()
 
 
 def cached(device: torch.device, dtype: torch.dtype, threads: int) -> bool:
@@ -252,7 +269,8 @@ def _parallel(pool: ThreadPoolExecutor | None, threads: int, fn: Callable[[int],
 def measure(device: torch.device, dtype: torch.dtype, threads: int, *, cap_s: float = CAP_S) -> Rates:
     """Microbenchmark of the rates on ``device`` (see the module docstring), stopped after ``cap_s``."""
     t_start = time.perf_counter()
-    stages = _stages_cpu(dtype, max(1, threads)) if device.type == "cpu" else _stages_torch(device, dtype)
+    extra: dict[str, int] = {}
+    stages = _stages_cpu(dtype, max(1, threads), extra) if device.type == "cpu" else _stages_torch(device, dtype)
     res: dict[str, float] = {}
     with stages as run:
         t_cap = _CLOCK()  # after the kernel's first load (the stages' context entry)
@@ -278,6 +296,7 @@ def measure(device: torch.device, dtype: torch.dtype, threads: int, *, cap_s: fl
         matrix=res["matrix"],
         stream=res["stream"],
         dense=res["dense"],
+        dense_threads=extra.get("dense_threads", 0),
         source=f"{how} ({device.type}, {str(dtype).removeprefix('torch.')}, {threads} threads)",
         seconds=time.perf_counter() - t_start,
         complete=complete,
@@ -315,10 +334,11 @@ def _dense_rate(make: Callable[[int], torch.Tensor], sync: Callable[[], None], b
     return 2 * big_d**3 / _best(run, 3, sync)
 
 
-def _stages_cpu(dtype: torch.dtype, threads: int) -> _Stages:
+def _stages_cpu(dtype: torch.dtype, threads: int, stages_extra: dict[str, int]) -> _Stages:
     dt = np.dtype(str(dtype).removeprefix("torch."))
     rng = np.random.default_rng(0)
     saved = torch.get_num_threads()
+    extra = stages_extra
     pool = ThreadPoolExecutor(threads, thread_name_prefix="bait-rates") if threads > 1 else None
     # The compiled kernel's first load (numba's cache) before the cap's clock starts.
     lanes0 = fused.lanes_for(SMALL_RC[0])
@@ -406,8 +426,18 @@ def _stages_cpu(dtype: torch.dtype, threads: int) -> _Stages:
 
     def run(name: str) -> float:
         if name == "dense":
-            # On the calling thread at torch's own thread count, as the setup runs its factorisations.
-            return _dense_rate(spd, lambda: None, 256)
+            # On the calling thread, at torch's thread count and at one thread: the setup runs its
+            # factorisations at the faster (dense_threads).
+            own = _dense_rate(spd, lambda: None, 256)
+            if saved <= 1:
+                return own
+            torch.set_num_threads(1)
+            try:
+                one = _dense_rate(spd, lambda: None, 256)
+            finally:
+                torch.set_num_threads(saved)
+            extra["dense_threads"] = 1 if one > own else saved
+            return max(one, own)
         torch.set_num_threads(1)
         try:
             with threadpool_limits(1, user_api="blas"):
