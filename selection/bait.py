@@ -1852,8 +1852,10 @@ def _run(
 
 
 #: Seconds the auto plan keeps aside for its own work (the gap model's subsamples, the pre-filter's
-#: scores) and the return, on top of what the call has spent before planning.
+#: scores) and the return, on top of what the call has spent before planning: PLAN_RESERVE_S, or
+#: PLAN_RESERVE_FRACTION of the budget when that is less.
 PLAN_RESERVE_S = 0.05
+PLAN_RESERVE_FRACTION = 0.05
 
 
 def _budget_after_rates(problem: Problem, time_budget: float, guard: _Guard) -> tuple[float, float]:
@@ -1867,7 +1869,8 @@ def _budget_after_rates(problem: Problem, time_budget: float, guard: _Guard) -> 
     machine_rates(problem.device, problem.dtype, resolve_threads(problem.device), budget_s=time_budget)
     now = _CLOCK()
     start = (guard.deadline or now) - GUARD_FACTOR * time_budget
-    return max(1e-3, time_budget - (now - start) - PLAN_RESERVE_S), now - t0
+    reserve = min(PLAN_RESERVE_S, PLAN_RESERVE_FRACTION * time_budget)
+    return max(1e-3, time_budget - (now - start) - reserve), now - t0
 
 
 def _observe_timings(problem: Problem, plan: _Plan, diag: dict[str, Any]) -> None:

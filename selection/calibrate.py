@@ -232,7 +232,10 @@ def observe(
         ratio = measured / (estimated / old)
         new = math.exp((1 - OBSERVE_WEIGHT) * math.log(old) + OBSERVE_WEIGHT * math.log(ratio))
         new = min(FACTOR_BOUNDS[1], max(FACTOR_BOUNDS[0], new))
-        _CACHE[key] = replace(hit, **{name: new})
+        if phase == "setup":
+            _CACHE[key] = replace(hit, setup_factor=new)
+        else:
+            _CACHE[key] = replace(hit, greedy_factor=new)
 
 
 def clear_cache() -> None:

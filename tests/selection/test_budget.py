@@ -39,7 +39,8 @@ class _FakeStages:
     """Stages that report twice the table's rates and cost ``tick`` seconds of the fake clock each."""
 
     def __init__(self, clock: list[float], tick: float) -> None:
-        self.clock, self.tick, self.ran = clock, tick, []
+        self.clock, self.tick = clock, tick
+        self.ran: list[str] = []
 
     def __enter__(self) -> Any:
         table = calibrate.TABLE[("cpu", F64)]
@@ -146,7 +147,7 @@ def test_plan_fits_setup_and_greedy_in_what_is_left_after_the_rates(
     x, p = _flat(0, 1500, 32, 100)
     out = select("bait", embeddings=x, probs=p, labeled=np.arange(200), batch_size=10, time_budget_s=budget)
     info = out.diagnostics["approximation"]
-    left = budget - 0.3 * budget - bait_module.PLAN_RESERVE_S
+    left = budget - 0.3 * budget - min(bait_module.PLAN_RESERVE_S, bait_module.PLAN_RESERVE_FRACTION * budget)
     assert info["calibration_seconds"] == pytest.approx(0.3 * budget)
     assert info["planned_budget_seconds"] == pytest.approx(max(1e-3, left), rel=1e-3)
     assert 0 < info["estimated_setup_seconds"] < info["estimated_seconds"]
