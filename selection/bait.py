@@ -57,7 +57,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from selection import fused, scale
-from selection.calibrate import machine_rates
+from selection.calibrate import dense_threads, machine_rates, observe
 from selection.errors import InputDataError, MemoryBudgetError, ParameterError
 from selection.fisher import exact_objective, fisher_pca_basis, kron_sum, reduced_rank, row_factors
 from selection.linalg import (
@@ -80,7 +80,6 @@ from selection.scale import (
     check_time_budget,
     class_fisher_kept_many,
     estimate_phases,
-    estimate_seconds,
     ladder_dims,
     ladder_prefilter,
     parse_prefilter,
@@ -708,11 +707,12 @@ class _Bait:
                 )
             m0 *= self.w_design
             m0.diagonal().add_(lam)
-            chol = torch.linalg.cholesky(m0)
-            del m0
-            logdet0 = 2.0 * float(chol.diagonal().log().sum())
-            p = torch.cholesky_inverse(chol)
-            del chol
+            with torch_threads(dense_threads(dev, self.x_all.dtype, self.n_threads)):
+                chol = torch.linalg.cholesky(m0)
+                del m0
+                logdet0 = 2.0 * float(chol.diagonal().log().sum())
+                p = torch.cholesky_inverse(chol)
+                del chol
             if fmat is not None:
                 # Q_0 = P_0 F P_0, two D^3 GEMMs (1.2 s of a 4 s setup at k = 26, d = 128), in the candidates'
                 # state dtype: their g and h are computed from P_0 and Q_0 cast to it anyway (p_s, q_s
@@ -1341,6 +1341,8 @@ class _Plan:
     objective: bool = False  # compute the exact objective of the set afterwards (approximate plans)
     estimated_gap: float | None = None  # the gap model's estimate (auto plans)
     gave_up: list[str] = field(default_factory=list)
+    estimated_setup_s: float = 0.0  # the setup's part of estimated_s (with the PCA projection)
+    estimated_greedy_s: float = 0.0  # the greedy passes' part (the rest: the exact objective)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
@@ -1359,6 +1361,7 @@ class _Plan:
             out["estimated_gap"] = float(f"{self.estimated_gap:.3g}")
             out["gave_up"] = list(self.gave_up)
         out["estimated_seconds"] = float(f"{self.estimated_s:.3g}")
+        out["estimated_setup_seconds"] = float(f"{self.estimated_setup_s:.3g}")
         out["estimated_gb"] = float(f"{self.estimated_bytes / _GB:.3g}")
         return out
 
@@ -1430,7 +1433,7 @@ SAMPLED_DEFAULT_RANK = 16
 GUARD_FACTOR = 1.35
 #: Smallest candidate count the auto pre-filter goes down to on pools below PREFILTER_MIN_CANDIDATES
 #: (times the forward picks, at least).
-PREFILTER_FLOOR = 1_000
+PREFILTER_FLOOR = 256
 
 
 def _sampled_split(rank: int, r: int) -> tuple[int, int]:
@@ -1477,10 +1480,12 @@ def _plan(
     # the time budget (else the approximate one is reported).
     objective_ok = mode != "logdet" and exact_obj_mem and exact_obj_s <= 0.25 * time_budget_s
 
-    def cost(n_keep: int, rows: int, dim: int, rc: int, ov: float, approximate: bool) -> tuple[float, int, bool]:
+    def cost(
+        n_keep: int, rows: int, dim: int, rc: int, ov: float, approximate: bool
+    ) -> tuple[dict[str, float], int, bool]:
         n_fwd = b if not backward else min(n_keep, max(b, math.floor(ov * b + 1e-9)))
         obj = approximate and objective_ok
-        secs = estimate_seconds(
+        phases = estimate_phases(
             n_rows=rows,
             n_cand=n_keep,
             d=dim,
@@ -1501,7 +1506,7 @@ def _plan(
             estimate_bytes(n_cand=n_keep, d=dim, r=r, matrix_dtype=dt, state_dtype=problem.dtype, mode=mode, rc=rc)
             for dt in dtypes
         )
-        return secs, mem, obj
+        return phases, mem, obj
 
     def make(
         kind_: str,
@@ -1517,8 +1522,10 @@ def _plan(
         rc = r if classes is None else classes + samples
         approximate = dim is not None or classes is not None or pf is not None
         ov_run = oversample if ov is None else ov
-        secs, mem, obj = cost(n_keep, rows, d if dim is None else dim, rc, ov_run, approximate)
-        plan = _Plan(kind_, dim, classes, pf, reason, secs, mem, samples=samples)
+        phases, mem, obj = cost(n_keep, rows, d if dim is None else dim, rc, ov_run, approximate)
+        plan = _Plan(kind_, dim, classes, pf, reason, float(sum(phases.values())), mem, samples=samples)
+        plan.estimated_setup_s = phases["setup"]
+        plan.estimated_greedy_s = phases["forward"] + phases["backward"]
         plan.oversample = ov
         plan.objective = obj
         return plan
@@ -1759,11 +1766,9 @@ def _run(
     if problem.dtype not in (torch.float32, torch.float64):
         raise InputDataError(f"BAIT needs float32 or float64 embeddings, got {problem.dtype}")
 
+    calibration_s = 0.0
     if kind == "auto":
-        # Measure this machine's rates now (once per process; the first call pays ~0.3-2 s and the
-        # compiled step's load) and plan with what is left of the budget.
-        machine_rates(problem.device, problem.dtype, resolve_threads(problem.device))
-        time_budget_plan = max(1e-3, time_budget - (_CLOCK() - (guard.deadline or 0.0) + GUARD_FACTOR * time_budget))
+        time_budget_plan, calibration_s = _budget_after_rates(problem, time_budget, guard)
     else:
         time_budget_plan = time_budget
     with torch.no_grad():
@@ -1805,6 +1810,9 @@ def _run(
     approx_info["requested"] = kind
     if kind == "auto":
         approx_info["rates"] = machine_rates(problem.device, problem.dtype, resolve_threads(problem.device)).describe()
+        approx_info["calibration_seconds"] = float(f"{calibration_s:.3g}")
+        approx_info["planned_budget_seconds"] = float(f"{time_budget_plan:.3g}")
+        _observe_timings(problem, plan, diag)
     diag["approximation"] = approx_info
     diag["timings"]["plan"] = t_plan - t_start
     if rows_map is None:
@@ -1841,6 +1849,39 @@ def _run(
             diag["objective_kind"] = "exact"
     diag["timings"]["total"] = time.perf_counter() - t_start
     return StrategyOutput(indices=indices, objective=objective, diagnostics=diag)
+
+
+#: Seconds the auto plan keeps aside for its own work (the gap model's subsamples, the pre-filter's
+#: scores) and the return, on top of what the call has spent before planning: PLAN_RESERVE_S, or
+#: PLAN_RESERVE_FRACTION of the budget when that is less.
+PLAN_RESERVE_S = 0.05
+PLAN_RESERVE_FRACTION = 0.05
+
+
+def _budget_after_rates(problem: Problem, time_budget: float, guard: _Guard) -> tuple[float, float]:
+    """Rates of this machine (measured on a process's first call, bounded by the budget: see
+    selection/calibrate.py), then ``(seconds left for the plan's estimate, seconds the rates took)``.
+
+    Everything the call spent so far (validation, the measurement, the compiled kernel's first load)
+    counts against ``time_budget``.
+    """
+    t0 = _CLOCK()
+    machine_rates(problem.device, problem.dtype, resolve_threads(problem.device), budget_s=time_budget)
+    now = _CLOCK()
+    start = (guard.deadline or now) - GUARD_FACTOR * time_budget
+    reserve = min(PLAN_RESERVE_S, PLAN_RESERVE_FRACTION * time_budget)
+    return max(1e-3, time_budget - (now - start) - reserve), now - t0
+
+
+def _observe_timings(problem: Problem, plan: _Plan, diag: dict[str, Any]) -> None:
+    """Fold the measured setup (and greedy passes, when the guard did not cut them) into the rates."""
+    timings = diag.get("timings", {})
+    device, dtype, threads = problem.device, problem.dtype, resolve_threads(problem.device)
+    if "setup" in timings:
+        observe(device, dtype, threads, phase="setup", estimated=plan.estimated_setup_s, measured=timings["setup"])
+    if "deadline" not in diag and "forward" in timings:
+        greedy = timings["forward"] + timings.get("backward", 0.0)
+        observe(device, dtype, threads, phase="greedy", estimated=plan.estimated_greedy_s, measured=greedy)
 
 
 def _objective_seconds(problem: Problem, r: int, mode: Mode) -> float:

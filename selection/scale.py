@@ -57,6 +57,10 @@ PREFILTER_TOP_FRACTION = 0.75
 #: of 0.01 left objective gaps of 2-8 %, 0.002 left 0.1-1.7 %.
 TOPC_REST_MASS = 0.01
 TOPC_REST_PER_LAM = 0.2
+#: Seconds per Python-level torch op of the setup (block rows, block copies) and fixed seconds of a
+#: setup (thread pools, class factors, small allocations), on the 2-core benchmark machine.
+SETUP_OP_S = 3e-5
+SETUP_FIXED_S = 0.02
 #: Smallest PCA dimension the auto ladder goes down to.
 PCA_MIN_DIM = 8
 PREFILTER_SCORES = ("gradnorm", "margin")
@@ -395,25 +399,43 @@ def estimate_phases(
     n_pool = n_rows if n_pool is None else n_pool
     big_d = r * d
     half = big_d * big_d * (r + 1) / (2 * r)  # quadratic forms over the upper block triangle
+    itemsize = torch.finfo(dtype).bits // 8 if r > 1 else 8
+    # Rows whose r x r blocks of x x^T the setup forms: F's (n_rows), M_0's (the design, dense path),
+    # h's and (dense P_0) g's (n_cand each).
     setup = 0.0
+    kron_rows = 0
     if mode == "fisher":
         setup += n_rows * half  # F
+        kron_rows += n_rows
     if mode != "logdet":
         setup += n_cand * half  # h
-    big = 0.0  # D^3 work of the setup (float64)
+        kron_rows += n_cand
+    big = 0.0  # D^3 work of the setup (float64, on the calling thread)
     if n_design > 0:
         m_prime = n_design * r
         if 2 * m_prime < big_d:
             setup += big_d * big_d * m_prime * 2 + n_cand * (n_design * d + n_design**2 * r * (r + 1) / 2)
         else:
-            # Cholesky (D^3/3), its inverse (2 D^3/3) and Q_0 = P_0 F P_0 (two D x D GEMMs, 2 D^3).
+            # M_0 over the design rows, its Cholesky (D^3/3), inverse (2 D^3/3) and Q_0 = P_0 F P_0
+            # (two D x D GEMMs, 2 D^3).
+            setup += n_design * half
+            kron_rows += n_design
             big += (3 if mode == "fisher" else 1) * big_d**3
-            setup += n_cand * min(half, n_design * d + n_design**2 * r * (r + 1) / 2)
+            g_dense = half <= n_design * d + n_design**2 * r * (r + 1) / 2
+            setup += n_cand * (half if g_dense else n_design * d + n_design**2 * r * (r + 1) / 2)
+            kron_rows += n_cand if g_dense else 0
     if pca_from is not None:
         setup += n_pool * pca_from * (pca_from + d)
     # E^T G E for g and h: batched small products (r x r by r x rc), at a quarter of the GEMM rate.
     setup_small = n_cand * 2 * (r * r * rc + r * rc * rc) * (1 if mode == "logdet" else 2)
-    setup_s = setup / gemm + big / mat + 4 * setup_small / gemm
+    # The block forms are bound by memory at small d: per row, r(r+1)/2 blocks of d values are written,
+    # read, multiplied and reduced (~4 passes; d = 8, k = 100: 10x the GEMM time at the measured rates).
+    setup_bytes = kron_rows * (r * (r + 1) / 2) * d * 4 * itemsize + 3 * big_d * big_d * 8
+    # Python-level ops: r block rows per cache-sized sub-block of rows (F, h, g), r^2/2 block copies.
+    sub_blocks = math.ceil(kron_rows * big_d * itemsize / 2**24) + 3
+    setup_ops = r * sub_blocks + r * r / 2
+    setup_s = setup / gemm + big / rt.dense_rate + 4 * setup_small / gemm + setup_bytes / rt.stream
+    setup_s = (setup_s + setup_ops * SETUP_OP_S + SETUP_FIXED_S) * rt.setup_factor
     cols = 2 if mode != "logdet" else 1
     mb = 8.0  # D x D matrices in float64 when they fit (the usual case)
     step_gemm = n_cand * d * r * cols * rc
@@ -426,8 +448,8 @@ def estimate_phases(
     if r == 1:
         # Rank one (regression, binary): a step is a GEMV over the candidates' rows and a few float64
         # vector passes, bound by memory, not multiply-adds (10^6 x 64 float32: ~70 ms a step at load 4).
-        itemsize = torch.finfo(dtype).bits // 8
-        per_step = n_cand * (d * itemsize + 6 * 8) / rt.stream + step_mats + step_fixed
+        per_step = n_cand * (d * (torch.finfo(dtype).bits // 8) + 6 * 8) / rt.stream + step_mats + step_fixed
+    per_step *= rt.greedy_factor
     fwd = n_forward * per_step
     bwd = 0.0
     if n_backward > 0:

@@ -136,9 +136,9 @@ def test_rates_are_measured_once_per_process_and_table_on_request(monkeypatch: p
     calls: list[tuple[Any, ...]] = []
     real = calibrate.measure
 
-    def counting(device: torch.device, dtype: torch.dtype, threads: int) -> calibrate.Rates:
+    def counting(device: torch.device, dtype: torch.dtype, threads: int, **kw: Any) -> calibrate.Rates:
         calls.append((device.type, dtype, threads))
-        return real(device, dtype, threads)
+        return real(device, dtype, threads, **kw)
 
     monkeypatch.setattr(calibrate, "measure", counting)
     monkeypatch.delenv("BAIT_RATES", raising=False)
@@ -147,7 +147,7 @@ def test_rates_are_measured_once_per_process_and_table_on_request(monkeypatch: p
     a = calibrate.machine_rates(cpu, torch.float32, 1)
     b = calibrate.machine_rates(cpu, torch.float32, 1)
     assert a is b and len(calls) == 1 and a.source.startswith("measured")
-    for value in (a.gemm, a.small_lo, a.small_hi, a.matrix, a.stream):
+    for value in (a.gemm, a.small_lo, a.small_hi, a.matrix, a.stream, a.dense_rate):
         assert value > 0 and np.isfinite(value)
     assert min(a.small_lo, a.small_hi) <= a.small(12) <= max(a.small_lo, a.small_hi)
     monkeypatch.setenv("BAIT_RATES", "table")

@@ -31,6 +31,16 @@ def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bait_module, "_CLOCK", lambda: 0.0)
 
 
+@pytest.fixture
+def no_fixed_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fixed seconds in the estimates (per setup, per Python op) and no planning reserve: the tests
+    that place a budget between two plans' estimates at toy sizes pin the knobs' order, which the
+    fixed costs (the same for every plan) would otherwise swamp."""
+    monkeypatch.setattr(scale, "SETUP_FIXED_S", 0.0)
+    monkeypatch.setattr(scale, "SETUP_OP_S", 0.0)
+    monkeypatch.setattr(bait_module, "PLAN_RESERVE_FRACTION", 0.0)
+
+
 def _probs(rng: np.random.Generator, n: int, k: int, scale_: float) -> np.ndarray:
     logits = rng.normal(size=(n, k)) * scale_
     z = np.exp(logits - logits.max(1, keepdims=True))
@@ -213,7 +223,7 @@ def test_auto_plan_over_every_budget_and_forced_exact() -> None:
         select("bait", embeddings=x, probs=p, batch_size=5, approx="exact", max_memory_gb=1e-4)
 
 
-def test_auto_plan_picks_the_first_approximation_that_fits(frozen_clock: None) -> None:
+def test_auto_plan_picks_the_first_approximation_that_fits(frozen_clock: None, no_fixed_costs: None) -> None:
     x, p = _data(10, 300, 16, 10, scale_=6.0)
     # Forward only (oversample=1): dropping the oversampling is itself a knob of the plan since the
     # budget became a promise; without it, the order of the other knobs is what this test pins.
@@ -310,7 +320,9 @@ def test_prefilter_gap_against_exact_is_small() -> None:
     assert -0.05 <= gap <= 0.02, gap  # greedy exact BAIT is not optimal: the pre-filtered run may beat it
 
 
-def test_auto_prefilter_above_the_named_pool_size(monkeypatch: pytest.MonkeyPatch, frozen_clock: None) -> None:
+def test_auto_prefilter_above_the_named_pool_size(
+    monkeypatch: pytest.MonkeyPatch, frozen_clock: None, no_fixed_costs: None
+) -> None:
     monkeypatch.setattr(bait_module, "PREFILTER_MIN_CANDIDATES", 500)
     monkeypatch.setattr(scale, "PREFILTER_MIN_KEEP", 200)
     x, p = _data(14, 1000, 6, 4)
@@ -393,7 +405,9 @@ def test_step_update_gives_the_legacy_picks(monkeypatch: pytest.MonkeyPatch, k: 
     assert new.objective == pytest.approx(old.objective, rel=1e-10)
 
 
-def test_auto_plan_prefers_no_projection_within_the_slack(frozen_clock: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_plan_prefers_no_projection_within_the_slack(
+    frozen_clock: None, no_fixed_costs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A plan without PCA whose estimate is over the time budget but within PCA_TIME_SLACK x runs instead.
 
     Forward only (oversample=1), as in test_auto_plan_picks_the_first_approximation_that_fits, and top-c

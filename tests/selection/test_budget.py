@@ -1,0 +1,181 @@
+"""The time budget of the auto plan: bounded rate measurement, its time counted, the setup in the
+estimate, per-phase corrections, and one real small-size call under a budget of a few seconds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from selection import bait as bait_module
+from selection import calibrate, select
+from selection.scale import estimate_phases
+
+CPU = torch.device("cpu")
+F64 = torch.float64
+
+
+def _flat(seed: int, n: int, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random embeddings and the softmax of N(0, 2^2) logits (mean top-1 ~0.25 at k = 100)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((n, k)) * 2.0
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    return rng.standard_normal((n, d)), p / p.sum(1, keepdims=True)
+
+
+@pytest.fixture
+def fresh_rates(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.delenv("BAIT_RATES", raising=False)
+    calibrate.clear_cache()
+    yield
+    calibrate.clear_cache()
+
+
+class _FakeStages:
+    """Stages that report twice the table's rates and cost ``tick`` seconds of the fake clock each."""
+
+    def __init__(self, clock: list[float], tick: float) -> None:
+        self.clock, self.tick = clock, tick
+        self.ran: list[str] = []
+
+    def __enter__(self) -> Any:
+        table = calibrate.TABLE[("cpu", F64)]
+
+        def run(name: str) -> float:
+            self.ran.append(name)
+            self.clock[0] += self.tick
+            return 2.0 * calibrate._table_value(table, name)
+
+        return run
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_measurement_stops_at_its_cap_and_scales_the_table(fresh_rates: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    stages = _FakeStages(clock, tick=0.15)
+    monkeypatch.setattr(calibrate, "_CLOCK", lambda: clock[0])
+    monkeypatch.setattr(calibrate, "_stages_cpu", lambda *a: stages)
+    rates = calibrate.measure(CPU, F64, 2, cap_s=0.2)
+    # 0.15 s after the first stage is under the cap, 0.30 s after the second is not.
+    assert stages.ran == ["gemm", "dense"]
+    assert not rates.complete and "partial (2 of 6 stages" in rates.source
+    table = calibrate.TABLE[("cpu", F64)]
+    for name in calibrate._RATE_NAMES:  # the measured ones were 2x the table: so are the scaled ones
+        assert calibrate._table_value(rates, name) == pytest.approx(2.0 * calibrate._table_value(table, name))
+    whole = calibrate.measure(CPU, F64, 2, cap_s=10.0)
+    assert whole.complete and len(stages.ran) == 2 + 6
+
+
+def test_a_small_budget_measures_less_and_a_later_call_completes_it_once(
+    fresh_rates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caps: list[float] = []
+
+    def fake_measure(device: torch.device, dtype: torch.dtype, threads: int, *, cap_s: float) -> calibrate.Rates:
+        caps.append(cap_s)
+        return replace(calibrate.TABLE[("cpu", F64)], source="measured (fake)", complete=cap_s >= 1.0)
+
+    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    calibrate.machine_rates(CPU, F64, 2, budget_s=0.5)
+    assert caps == [pytest.approx(0.05)]  # a tenth of the budget, under CAP_S
+    calibrate.machine_rates(CPU, F64, 2)  # the cost model's own reads never measure again
+    calibrate.machine_rates(CPU, F64, 2, budget_s=0.5)
+    assert len(caps) == 1
+    calibrate.machine_rates(CPU, F64, 2, budget_s=60.0)  # a budget that allows CAP_S: redone, once
+    calibrate.machine_rates(CPU, F64, 2, budget_s=60.0)
+    assert caps[1:] == [calibrate.CAP_S]
+
+
+def test_observed_times_correct_the_phases(fresh_rates: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calibrate.TABLE[("cpu", F64)])
+    kw: dict[str, Any] = dict(
+        n_rows=2000, n_cand=1800, d=16, r=99, rc=16, n_forward=10, n_backward=0, n_design=200,
+        mode="fisher", device=CPU, dtype=F64, threads=2,
+    )  # fmt: skip
+    before = estimate_phases(**kw)
+    calibrate.observe(CPU, F64, 2, phase="setup", estimated=before["setup"], measured=4 * before["setup"])
+    after = estimate_phases(**kw)
+    assert after["setup"] == pytest.approx(2 * before["setup"])  # half-way in log: sqrt(4)
+    assert after["forward"] == pytest.approx(before["forward"])
+    calibrate.observe(CPU, F64, 2, phase="greedy", estimated=before["forward"], measured=1e-3)  # too short
+    assert estimate_phases(**kw)["forward"] == pytest.approx(before["forward"])
+    monkeypatch.setenv("BAIT_RATES", "table")  # the table is never corrected
+    calibrate.observe(CPU, F64, 2, phase="setup", estimated=1.0, measured=10.0)
+    assert estimate_phases(**kw)["setup"] == pytest.approx(before["setup"])
+
+
+def test_the_setup_estimate_counts_what_grows_with_d_k_and_the_design() -> None:
+    base: dict[str, Any] = dict(
+        n_rows=1500, n_cand=1300, d=8, r=99, rc=4, n_forward=10, n_backward=0, n_design=200,
+        mode="fisher", device=CPU, dtype=F64, threads=2, rates=calibrate.TABLE[("cpu", F64)],
+    )  # fmt: skip
+    small = estimate_phases(**base)["setup"]
+    # The D^3 factorisations (D = 99 d) at the dense rate: 8x the d gives > 8^3 / 10 x the setup.
+    big = estimate_phases(**{**base, "d": 64})["setup"]
+    assert big > 50 * small
+    # At small d the block forms are bound by memory: halving the stream rate costs setup time.
+    slow_mem = replace(calibrate.TABLE[("cpu", F64)], stream=calibrate.TABLE[("cpu", F64)].stream / 2)
+    assert estimate_phases(**{**base, "rates": slow_mem})["setup"] > 1.3 * small
+    # A slower dense rate shows in the setup, not in the greedy steps.
+    slow_dense = replace(calibrate.TABLE[("cpu", F64)], dense=1e8)
+    a, b = estimate_phases(**{**base, "d": 32}), estimate_phases(**{**base, "d": 32, "rates": slow_dense})
+    assert b["setup"] > 2 * a["setup"] and b["forward"] == pytest.approx(a["forward"])
+
+
+@pytest.mark.parametrize("budget", [0.5, 2.0, 8.0])
+def test_plan_fits_setup_and_greedy_in_what_is_left_after_the_rates(
+    monkeypatch: pytest.MonkeyPatch, budget: float
+) -> None:
+    """A fake clock: the rates take 30 % of the budget. The plan gets the rest (less a reserve), its
+    estimate (setup included) fits it whenever some plan does, and it runs real greedy steps."""
+    monkeypatch.setenv("BAIT_RATES", "table")
+    clock = [0.0]
+    monkeypatch.setattr(bait_module, "_CLOCK", lambda: clock[0])
+    real_rates = bait_module.machine_rates
+
+    def slow_rates(*a: Any, **k: Any) -> calibrate.Rates:
+        clock[0] += 0.3 * budget
+        return real_rates(*a, **k)
+
+    monkeypatch.setattr(bait_module, "machine_rates", slow_rates)
+    x, p = _flat(0, 1500, 32, 100)
+    out = select("bait", embeddings=x, probs=p, labeled=np.arange(200), batch_size=10, time_budget_s=budget)
+    info = out.diagnostics["approximation"]
+    left = budget - 0.3 * budget - min(bait_module.PLAN_RESERVE_S, bait_module.PLAN_RESERVE_FRACTION * budget)
+    assert info["calibration_seconds"] == pytest.approx(0.3 * budget)
+    assert info["planned_budget_seconds"] == pytest.approx(max(1e-3, left), rel=1e-3)
+    assert 0 < info["estimated_setup_seconds"] < info["estimated_seconds"]
+    fits = "no plan fits the time budget" not in info["reason"]
+    if budget >= 2.0:
+        assert fits, info  # pre-filtering, PCA and the class approximation reach it on the table's rates
+    if fits:
+        assert info["estimated_seconds"] <= left * 1.0001
+        assert info["gave_up"], info
+    else:
+        assert info["estimated_seconds"] > left
+    # The fake clock stands still while the passes run: the guard never cuts them.
+    assert "deadline" not in out.diagnostics
+    assert out.diagnostics["steps"]["forward"] >= 10  # B picks, or 2B with the oversampling kept
+    assert len(set(out.indices.tolist())) == 10
+
+
+def test_a_real_flat_100_class_call_keeps_a_budget_of_a_few_seconds() -> None:
+    """Measured rates, real clock, small sizes. The bound is loose (a loaded 2-core box moves between
+    the rates' measurement and the call), the greedy must not have been cut to nothing."""
+    budget = 5.0
+    x, p = _flat(1, 700, 16, 100)
+    select("bait", embeddings=x[:60], probs=p[:60], batch_size=2, time_budget_s=budget)  # warm the process
+    t0 = time.perf_counter()
+    out = select("bait", embeddings=x, probs=p, labeled=np.arange(200), batch_size=10, time_budget_s=budget)
+    total = time.perf_counter() - t0
+    info = out.diagnostics["approximation"]
+    assert info["kind"] != "exact" and info["gave_up"]
+    assert total <= 3 * budget, (total, info, out.diagnostics["timings"])
+    assert out.diagnostics["steps"]["forward"] >= 1, out.diagnostics
+    assert len(set(out.indices.tolist())) == 10
