@@ -549,7 +549,7 @@ def bait(
         oversample: the forward pass picks ``min(oversample * B, n_C)`` points (``1`` = forward only).
         convention: weights of labeled/reserved and picked rows in ``M``: ``"reference"``
             (authors' code), ``"paper"`` or ``"sum"`` (see the module docstring).
-        approx: ``None``/``"auto"``: exact BAIT whenever the cost model (selection/scale.py, rates
+        approx: ``None``/``"auto"``: exact BAIT whenever the cost model (selection/bait/plan.py, rates
             measured on this machine by selection/calibrate.py) says it fits ``time_budget_s`` and
             ``max_memory_gb``, else the plan of smallest estimated gap that fits, built from
             pre-filtering, a PCA projection, a class approximation (top-``c``, or top-``c`` plus

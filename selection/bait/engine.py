@@ -256,7 +256,7 @@ class _Bait:
         samples: int = 0,
     ) -> None:
         self.problem = problem
-        # Class approximations (selection/scale.py): each candidate's factor keeps its top `classes`
+        # Class approximations (selection/bait/approx.py): each candidate's factor keeps its top `classes`
         # classes (rest merged) plus `samples` pseudo-labels drawn from the rest: c + s columns.
         self.classes = classes
         self.samples = samples if classes is not None else 0
