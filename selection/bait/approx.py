@@ -138,12 +138,14 @@ def sampled_class_factor(probs: Tensor, top: int, sampled: int, *, dtype: torch.
 
 def class_fisher_kept(probs: Tensor, top: int, *, sample: int = 4096) -> float:
     """Mean fraction of the class Fisher's trace that top-``top`` coarse-graining keeps exactly
-    (``tr C~ / tr C``, rows with ``tr C > 0``; ``top = 0``: 0). The rest is what sampling estimates."""
+    (``tr C~ / tr C``, rows with ``tr C > 0``; ``top = 0``: 0). The rest is what sampling estimates.
+
+    ``probs`` is ``(m, k)``; the mean is over a subsample of at most about ``sample`` rows."""
     return class_fisher_kept_many(probs, [top], sample=sample)[top]
 
 
 def class_fisher_kept_many(probs: Tensor, tops: list[int], *, sample: int = 4096) -> dict[int, float]:
-    """:func:`class_fisher_kept` for several ``top`` at once (one sort of a row subsample)."""
+    """:func:`class_fisher_kept` for several ``top`` at once (one sort of a row subsample of ``probs``, ``(m, k)``)."""
     k = int(probs.shape[1])
     p = probs[:: max(1, probs.shape[0] // sample)].to(torch.float64)
     srt = torch.sort(p, dim=1, descending=True).values
@@ -170,7 +172,7 @@ def class_fisher_kept_many(probs: Tensor, tops: list[int], *, sample: int = 4096
 
 
 def rest_mass(probs: Tensor, c: int) -> float:
-    """Mean probability mass outside each row's top ``c`` classes."""
+    """Mean probability mass outside each row's top ``c`` classes (``probs`` ``(m, k)``)."""
     return float(1.0 - torch.topk(probs.to(torch.float64), c, dim=1).values.sum(1).mean())
 
 
@@ -180,7 +182,9 @@ def rest_mass_limit(lam: float) -> float:
 
 
 def auto_classes(probs: Tensor, *, lam: float = 1.0, sample: int = 20_000) -> int:
-    """Smallest ``c`` whose mean rest mass is at most :func:`rest_mass_limit` (``k - 1`` if none is)."""
+    """Smallest ``c`` whose mean rest mass is at most :func:`rest_mass_limit` (``k - 1`` if none is).
+
+    ``probs`` is ``(m, k)``; the mean is over a subsample of at most about ``sample`` rows."""
     limit = rest_mass_limit(lam)
     k = int(probs.shape[1])
     p = probs[:: max(1, probs.shape[0] // sample)].to(torch.float64)
@@ -247,7 +251,8 @@ def parse_prefilter(spec: Any, *, regression: bool) -> Prefilter | str | None:
 
 
 def prefilter_scores(x: Tensor, probs: Tensor | None, kind: str, chunk_size: int) -> Tensor:
-    """Cheap per-row scores, larger = more worth keeping (float64, ``m``)."""
+    """Cheap per-row scores, larger = more worth keeping: ``(m,)`` float64 for ``x`` ``(m, d)`` and
+    ``probs`` ``(m, k)`` or ``None`` (regression: the norm of ``x``), in chunks of ``chunk_size`` rows."""
     out = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     for lo in range(0, x.shape[0], chunk_size):
         hi = min(x.shape[0], lo + chunk_size)
@@ -269,6 +274,14 @@ def prefilter_candidates(
     x: Tensor, probs: Tensor | None, candidates: Tensor, spec: Prefilter, *, seed: int, chunk_size: int
 ) -> tuple[Tensor, Tensor, float]:
     """Rows kept by the pre-filter.
+
+    Args:
+        x: ``(n, d)`` pool embeddings.
+        probs: ``(n, k)`` probabilities or ``None``.
+        candidates: ``(n_C,)`` candidate pool rows.
+        spec: the pre-filter.
+        seed: the draw's seed when ``spec.seed`` is ``None``.
+        chunk_size: rows per chunk of the scores.
 
     Returns:
         ``(top_rows, random_rows, random_weight)``: sorted pool rows of each stratum and the weight

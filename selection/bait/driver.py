@@ -544,7 +544,7 @@ def bait(
     """BAIT selection (Ash et al. 2021, Algorithm 1), exact, without the ``n x dk x k`` tensor.
 
     Args:
-        problem: the validated pool (``X`` is ``n x d``, ``probs`` ``n x k`` or ``None``).
+        problem: the validated pool (``X`` is ``(n, d)``, ``probs`` ``(n, k)`` or ``None``).
         lam: ridge ``lam > 0`` of ``M`` (default :data:`DEFAULT_LAM`, chosen by experiment 5).
         oversample: the forward pass picks ``min(oversample * B, n_C)`` points (``1`` = forward only).
         convention: weights of labeled/reserved and picked rows in ``M``: ``"reference"``
@@ -572,7 +572,7 @@ def bait(
             estimated from the rows kept.
         time_budget_s: time budget of the auto plan (seconds): its estimate fits it, and the call
             returns within 1.5x of it (the guard completes the batch cheaply if the estimate was short).
-        fisher_weights: optional ``n`` nonnegative row weights; ``F`` is their weighted mean of ``I(x)``.
+        fisher_weights: optional ``(n,)`` nonnegative row weights; ``F`` is their weighted mean of ``I(x)``.
         max_memory_gb: budget for the ``D x D`` matrices and per-candidate state.
 
     Returns:
@@ -618,7 +618,7 @@ def bait_nofisher(
     """BAIT with ``F = I`` (the paper's "no Fisher" ablation); same passes and conventions as :func:`bait`.
 
     Args:
-        problem: the validated pool.
+        problem: the validated pool (``X`` is ``(n, d)``, ``probs`` ``(n, k)`` or ``None``).
         lam: ridge ``lam > 0`` (default :data:`DEFAULT_LAM`, as :func:`bait`).
         oversample: forward picks ``min(oversample * B, n_C)``.
         convention: ``"reference"``, ``"paper"`` or ``"sum"``.
@@ -669,7 +669,7 @@ def logdet_fisher(
     Forward only, ``B`` picks.
 
     Args:
-        problem: the validated pool.
+        problem: the validated pool (``X`` is ``(n, d)``, ``probs`` ``(n, k)``).
         lam: ridge ``lam > 0``.
         convention: ``"sum"``, ``"paper"`` or ``"reference"``.
         approx: ``None`` or ``"pca"``.

@@ -721,7 +721,10 @@ class _Bait:
     def forward(
         self, st: _State, n_steps: int, guard: _Guard | None = None, need: int = 0
     ) -> tuple[list[int], list[float]]:
-        """Greedy forward pass; returns candidate positions in pick order and their gains.
+        """Greedy forward pass of ``n_steps`` picks over the ``n_C`` candidates of ``st`` (updated in place).
+
+        Returns ``(picks, gains)``: candidate positions (into ``st.x``'s ``n_C`` rows) in pick order, and
+        each pick's decrease of ``tr(M^{-1} F)`` (increase of ``log det M`` in logdet mode).
 
         With a ``guard`` that says stop, the pass ends early; fewer than ``need`` picks are then completed
         by the last step's scores (the best remaining single-point gains, without updates between them),
