@@ -33,8 +33,8 @@ RUN pip install ".${EXTRAS:+[$EXTRAS]}"
 # /var/lib/bait: where a generated secret key is kept (BAIT_SECRET_KEY_FILE; a volume under compose,
 # which takes this folder's owner and mode when it is first created). /var/cache/bait: the workers' pool
 # cache (BAIT_WORKER_CACHE_DIR; a volume under compose, made writable for the same reason).
-RUN useradd --create-home --uid 10001 bait && mkdir -p /app/data /var/lib/bait /var/cache/bait \
-    && chown bait /app/data /var/lib/bait /var/cache/bait && chmod 0700 /var/lib/bait
+RUN useradd --create-home --uid 10001 bait && mkdir -p /app/data /var/lib/bait /var/cache/bait /var/lib/bait-store \
+    && chown bait /app/data /var/lib/bait /var/cache/bait /var/lib/bait-store && chmod 0700 /var/lib/bait
 USER bait
 
 # Inside a container the api must listen on every interface (the embedded default binds 127.0.0.1).

@@ -7,7 +7,7 @@
 :data:`STRATEGIES` lists every registered strategy with its tasks and parameters.
 """
 
-from selection import bait, baselines, coldstart, logdet  # noqa: F401  (importing registers the strategies)
+from selection import auto, bait, baselines, coldstart, logdet  # noqa: F401  (importing registers the strategies)
 from selection.api import STRATEGIES, SelectionResult, StrategyInfo, select
 from selection.errors import (
     InputDataError,

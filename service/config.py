@@ -210,9 +210,9 @@ class Settings(BaseSettings):
     # no API field reaches these (a Dask scheduler runs whatever code its clients send).
     dask_scheduler: str | None = Field(
         default=None,
-        description="address of a Dask scheduler, e.g. tcp://127.0.0.1:8786; when set, batches of random, margin, "
-        "confidence and entropy run their pool-wide passes on that cluster (docs/distributed.md); unset: every batch "
-        "runs in the worker's own process, as before",
+        description="address of a Dask scheduler, e.g. tcp://127.0.0.1:8786 (tls:// with BAIT_DASK_TLS_*); when set, "
+        "batches of random, margin, confidence, entropy and bait run their pool-wide passes on that cluster "
+        "(docs/distributed.md); unset: every batch runs in the worker's own process, as before",
     )
     dask_connect_timeout_seconds: float = Field(
         default=5.0,
@@ -224,6 +224,17 @@ class Settings(BaseSettings):
         description="when the Dask scheduler cannot be reached, run the batch in the worker's own process instead of "
         "failing it with engine_unavailable",
     )
+    # Mutual TLS with the scheduler (distributed's Security): the scheduler and its workers are started with
+    # --tls-ca-file/--tls-cert/--tls-key of the same CA, the address is tls://..., and these three name our side.
+    dask_tls_ca_file: Path | None = Field(
+        default=None,
+        description="CA certificate (PEM) that signed the Dask scheduler's and workers' certificates; with "
+        "BAIT_DASK_TLS_CERT and BAIT_DASK_TLS_KEY, required when BAIT_DASK_SCHEDULER is tls://",
+    )
+    dask_tls_cert: Path | None = Field(
+        default=None, description="this service's client certificate (PEM) for the Dask scheduler, signed by that CA"
+    )
+    dask_tls_key: Path | None = Field(default=None, description="the private key (PEM) of BAIT_DASK_TLS_CERT")
     pool_store: str = Field(
         default="data/pool-store",
         description="the pool store: Parquet shards of every pool's embeddings per content version, read by the "
@@ -319,6 +330,32 @@ class Settings(BaseSettings):
         if v not in ("auto", "cpu", "cuda") and not v.startswith("cuda:"):
             raise ValueError("BAIT_DEVICE must be auto, cpu, cuda or cuda:N")
         return v
+
+    @field_validator("dask_tls_ca_file", "dask_tls_cert", "dask_tls_key", mode="before")
+    @classmethod
+    def _empty_tls_path_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @model_validator(mode="after")
+    def _check_dask_tls(self) -> Settings:
+        tls = {
+            "BAIT_DASK_TLS_CA_FILE": self.dask_tls_ca_file,
+            "BAIT_DASK_TLS_CERT": self.dask_tls_cert,
+            "BAIT_DASK_TLS_KEY": self.dask_tls_key,
+        }
+        missing = [name for name, v in tls.items() if v is None]
+        scheme = (self.dask_scheduler or "").partition("://")[0]
+        if scheme == "tls" and missing:
+            raise ValueError(f"BAIT_DASK_SCHEDULER is tls://: set {', '.join(missing)} as well")
+        if len(missing) < len(tls):
+            if missing:
+                raise ValueError(f"Dask TLS needs all three of {', '.join(tls)}; missing {', '.join(missing)}")
+            if scheme != "tls":
+                raise ValueError("BAIT_DASK_TLS_* are set: BAIT_DASK_SCHEDULER must be a tls:// address")
+            unreadable = [f"{name}={v}" for name, v in tls.items() if v is not None and not v.is_file()]
+            if unreadable:
+                raise ValueError(f"Dask TLS files not found: {', '.join(unreadable)}")
+        return self
 
     @model_validator(mode="after")
     def _check_heartbeat(self) -> Settings:

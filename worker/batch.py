@@ -11,6 +11,7 @@ for cancellation at every progress write (:class:`worker.runtime.Tracker`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,11 +30,12 @@ from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.domain import coldstart
+from service.domain.strategies import EXCLUDE_OUTLIERS
 from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
-from worker import annotation, context, pool_cache, quality, threads, webhooks
+from worker import annotation, context, pool_cache, quality, steering, threads, webhooks
 from worker.pool_data import PoolArrays, current_design, load_pool
 from worker.runtime import Stopped, Tracker, jsonable, utcnow
 
@@ -197,24 +199,35 @@ def _run_batch(
     strategy, cold = cold_start_choice(spec.strategy, spec.params, loaded.task, loaded.classes, loaded.data)
     if cold is not None:
         log.info("batch %s: cold start (%s): %s instead of %s", spec.batch_id, cold.rule, strategy, spec.strategy)
+    # auto plays the model-free arms while the pool is cold (the same rule), and needs a model otherwise
+    auto_cold = steering.auto_cold(loaded.task, loaded.classes, loaded.data) if strategy == "auto" else None
     model = _Model(features=selection_inputs(loaded.data, loaded.needs_model))
-    if selection.STRATEGIES[strategy].inputs and strategy not in coldstart.MODEL_FREE:
+    if strategy == "auto":
+        if auto_cold is None:
+            model = _train_embed_validate(spec, factory, tracker, loaded, device, timings)
+    elif selection.STRATEGIES[strategy].inputs and strategy not in coldstart.MODEL_FREE:
         model = _train_embed_validate(spec, factory, tracker, loaded, device, timings)
     # else: the strategy reads no model output (random; typiclust and kmeanspp, which read the pool's own
     # embeddings, and a cold start): no head is trained, no checkpoint stored.
 
-    params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
+    skip = ("seed", coldstart.PARAM, EXCLUDE_OUTLIERS)
+    params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in skip}
+    if strategy == "auto":
+        params["cold"] = auto_cold is not None  # the history is read under the selection lock
     chosen: dict[str, Any] = {"strategy_requested": spec.strategy, "strategy_used": strategy, "cold_start": None}
     chosen.update(engine)  # where the batch ran (worker/batch_job.py chose)
     if cold is not None:
         chosen.update(cold_start=cold.as_dict(), note=coldstart.note(spec.strategy, strategy, cold))
+    if auto_cold is not None:
+        chosen.update(cold_start=auto_cold.as_dict())
     _select_and_store(spec, factory, tracker, loaded, model, (strategy, params, chosen), device, ttl_s, timings, t0)
 
 
 def _load(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker) -> _Loaded:
     """Load the pool: from the worker's pool cache when it has one (memory-mapped, refreshed from the rows that
     changed); a strategy that reads no embeddings (random) loads ids only."""
-    needs_model = bool(selection.STRATEGIES[spec.strategy].inputs)
+    # the outlier check reads the pool's embeddings too (a random batch loads them only to exclude outliers)
+    needs_model = bool(selection.STRATEGIES[spec.strategy].inputs) or spec.params.get(EXCLUDE_OUTLIERS) is True
     with session_scope(factory) as s:
         pool = s.get(Pool, spec.pool_id)
         if pool is None:
@@ -293,20 +306,40 @@ def _select_and_store(
                 labeled_now, reserved_now = current_design(s, spec.pool_id, data.item_ids, utcnow())
                 # New labels since training are not trained on; they count as in the design (reserved).
                 reserved = np.setdiff1d(np.union1d(reserved_now, labeled_now), data.labeled)
-                result = selection.select(
+                run_params = dict(params)
+                if strategy == "auto":
+                    run_params["history"] = steering.build_history(s, spec.batch_id, spec.pool_id, data)
+
+                run_select = functools.partial(
+                    selection.select,
                     strategy,
-                    embeddings=model.features,
-                    probs=model.probs,
-                    labeled=data.labeled,
-                    reserved=reserved,
                     batch_size=spec.size,
                     task=loaded.task,
                     seed=spec.seed,
                     device=device,
                     progress=tracker.callback,
-                    **params,
+                    **run_params,
+                )
+                result, outliers = steering.select_checked(
+                    run_select,
+                    features=model.features,
+                    probs=model.probs,
+                    raw=data.X if loaded.needs_model else None,
+                    labeled=data.labeled,
+                    reserved=reserved,
+                    external_ids=data.external_ids,
+                    exclude=spec.params.get(EXCLUDE_OUTLIERS) is True,
+                    seed=spec.seed,
                 )
                 timings["select"] += time.perf_counter() - t
+                noted = {**chosen, "outliers": outliers}
+                auto = result.diagnostics.pop("auto", None)
+                if auto is not None:
+                    score = None if model.assessed is None else model.assessed.validation
+                    auto["round"].update(
+                        validation=steering.validation_score(score, loaded.task), n_labels=int(data.labeled.shape[0])
+                    )
+                    noted.update(auto=auto, strategy_used=auto["arm"])
                 if model.assessed is not None and model.trained is not None:
                     t = time.perf_counter()
                     with threads.torch_threads(context.env().settings.job_threads):
@@ -335,7 +368,7 @@ def _select_and_store(
                     (t0, t),
                     int(reserved.shape[0]),
                     model.assessed,
-                    chosen,
+                    noted,
                 )
             return
         except ReservationConflict:

@@ -13,15 +13,19 @@ diagnostics (tenants read those).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import numpy as np
 from distributed import Client, get_worker
+from distributed.client import FutureCancelledError
+from distributed.security import Security
 
 from selection.heads import load_checkpoint
 from selection.passes import TOP_B_STRATEGIES, ShardTop, merge_top, shard_top
@@ -41,20 +45,94 @@ class EngineUnavailable(RuntimeError):
     ``engine_unavailable:`` and never names the scheduler's address."""
 
 
+CLUSTER_STRATEGIES = (*TOP_B_STRATEGIES, "bait")
+"""Strategies whose pool-wide passes run on the cluster: the top-``B`` ones wholly, ``bait`` up to the greedy
+(:mod:`worker.distributed_bait`)."""
+
+
 def handles(strategy: str) -> bool:
-    """Whether a strategy's whole selection runs on the cluster (the others run in the job's process)."""
-    return strategy in TOP_B_STRATEGIES
+    """Whether a strategy's pool-wide passes run on the cluster (the others run in the job's process)."""
+    return strategy in CLUSTER_STRATEGIES
+
+
+LOST_INPUT_RERUNS = 2
+
+
+class _HasDiagnostics(Protocol):
+    diagnostics: dict[str, Any]
+
+
+R = TypeVar("R", bound=_HasDiagnostics)
+
+
+def rerun_when_inputs_lost(run: Callable[[], R]) -> R:
+    """``run()`` (a whole cluster pass: scatter, submit, wait), again when the cluster lost its inputs.
+
+    A pass scatters its small shared inputs (the excluded ids, the head) to every worker. Dask's active memory
+    manager may then drop all replicas but one, and a worker that dies holding the last one takes them with it:
+    the scheduler forgets them, and every task that needs them is cancelled ("already forgotten"), where a task
+    that only lost its worker would have been retried. The shard tasks only read, so the pass is run again from
+    the start, with its inputs scattered anew, at most :data:`LOST_INPUT_RERUNS` more times; the result's
+    diagnostics count the reruns (``pass_reruns``).
+
+    Raises:
+        EngineUnavailable: the inputs were lost on every try.
+    """
+    for attempt in range(LOST_INPUT_RERUNS + 1):
+        try:
+            result = run()
+        except FutureCancelledError as exc:
+            if attempt == LOST_INPUT_RERUNS:
+                raise EngineUnavailable(
+                    f"engine_unavailable: the Dask cluster lost the batch's inputs {attempt + 1} times "
+                    "(workers keep dying while it runs)"
+                ) from exc
+            log.warning("a Dask worker died holding a cluster pass's inputs (%s); running the pass again", exc)
+            continue
+        result.diagnostics["pass_reruns"] = attempt
+        return result
+    raise AssertionError("unreachable")
+
+
+def security(settings: Any) -> Security | None:
+    """Mutual TLS with the scheduler when ``BAIT_DASK_TLS_*`` are set (the settings check they come as a set,
+    with a ``tls://`` address), else None: plain TCP, for a scheduler on loopback or a private network."""
+    if settings.dask_tls_ca_file is None:
+        if not _private_address(str(settings.dask_scheduler)):
+            log.warning(
+                "BAIT_DASK_SCHEDULER is a plain tcp:// address that is not loopback or private: anyone who reaches "
+                "a Dask scheduler can run code on the cluster; use tls:// with BAIT_DASK_TLS_* (docs/distributed.md)"
+            )
+        return None
+    return Security(
+        tls_ca_file=str(settings.dask_tls_ca_file),
+        tls_client_cert=str(settings.dask_tls_cert),
+        tls_client_key=str(settings.dask_tls_key),
+        require_encryption=True,
+    )
+
+
+def _private_address(address: str) -> bool:
+    host = urlsplit(address).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a name (a compose service, a private DNS zone): cannot tell from here
+        return True
+    return ip.is_loopback or ip.is_private
 
 
 def connect(settings: Any) -> Client:
-    """A client of ``settings.dask_scheduler``, waiting at most ``dask_connect_timeout_seconds``.
+    """A client of ``settings.dask_scheduler`` (mutual TLS when configured: :func:`security`), waiting at most
+    ``dask_connect_timeout_seconds``.
 
     Raises:
-        EngineUnavailable: the scheduler cannot be reached in time.
+        EngineUnavailable: the scheduler cannot be reached in time, or refuses our certificate.
     """
     timeout = float(settings.dask_connect_timeout_seconds)
     try:
-        return Client(settings.dask_scheduler, timeout=timeout, set_as_default=False)
+        return Client(settings.dask_scheduler, timeout=timeout, set_as_default=False, security=security(settings))
     except (OSError, TimeoutError) as exc:
         raise EngineUnavailable(
             f"engine_unavailable: the Dask scheduler (BAIT_DASK_SCHEDULER) cannot be reached within {timeout:g} s "
@@ -162,36 +240,8 @@ def select_top(
         for i, shard in enumerate(manifest.shards)
     ]
     t_submit = time.perf_counter()
-    results: list[dict[str, Any]] = []
-    no_workers_since: float | None = None
-    waiting = list(futures)
     try:
-        while waiting:
-            finished = [f for f in waiting if f.done()]
-            for future in finished:
-                results.append(future.result())  # raises the task's error once its retries are spent
-            waiting = [f for f in waiting if not f.done() or f not in finished]
-            if finished and progress is not None:
-                progress(len(results), len(futures))
-            if not waiting:
-                break
-            if check is not None:
-                check()
-            if client.status not in ("running", "connecting"):
-                raise EngineUnavailable("engine_unavailable: the Dask scheduler went away while the batch ran")
-            if not client.scheduler_info(n_workers=-1).get("workers"):
-                no_workers_since = no_workers_since or time.monotonic()
-                if time.monotonic() - no_workers_since > lost_after_s:
-                    raise EngineUnavailable(
-                        f"engine_unavailable: the Dask cluster has had no worker for {lost_after_s:g} s"
-                    )
-            else:
-                no_workers_since = None
-            if not finished:
-                time.sleep(POLL_S / 5)
-    except BaseException:
-        client.cancel(futures, force=True)
-        raise
+        results = wait_all(client, futures, check, progress, lost_after_s)
     finally:
         for f in (excluded_f, head_f):
             if f is not None:
@@ -229,3 +279,49 @@ def select_top(
             },
         },
     )
+
+
+def wait_all(
+    client: Client,
+    futures: list[Any],
+    check: Check | None = None,
+    progress: Progress | None = None,
+    lost_after_s: float = 5.0,
+) -> list[Any]:
+    """The results of ``futures`` (in completion order), checking for cancellation and a lost cluster while
+    they run; on any error every future is cancelled.
+
+    Raises:
+        EngineUnavailable: the scheduler went away, or no worker was left for ``lost_after_s``.
+    """
+    results: list[Any] = []
+    no_workers_since: float | None = None
+    waiting = list(futures)
+    try:
+        while waiting:
+            finished = [f for f in waiting if f.done()]
+            for future in finished:
+                results.append(future.result())  # raises the task's error once its retries are spent
+            waiting = [f for f in waiting if not f.done() or f not in finished]
+            if finished and progress is not None:
+                progress(len(results), len(futures))
+            if not waiting:
+                break
+            if check is not None:
+                check()
+            if client.status not in ("running", "connecting"):
+                raise EngineUnavailable("engine_unavailable: the Dask scheduler went away while the batch ran")
+            if not client.scheduler_info(n_workers=-1).get("workers"):
+                no_workers_since = no_workers_since or time.monotonic()
+                if time.monotonic() - no_workers_since > lost_after_s:
+                    raise EngineUnavailable(
+                        f"engine_unavailable: the Dask cluster has had no worker for {lost_after_s:g} s"
+                    )
+            else:
+                no_workers_since = None
+            if not finished:
+                time.sleep(POLL_S / 5)
+    except BaseException:
+        client.cancel(futures, force=True)
+        raise
+    return results

@@ -12,6 +12,10 @@ With ``BAIT_DASK_SCHEDULER`` set and a strategy of :data:`selection.passes.TOP_B
 3. under the pool's selection lock, the design is read as it is now and every shard's top ``B`` is computed on
    the cluster, each Dask worker reading its shard from the store; the merge is the batch, reserved and stored
    by the same code as a single-process batch.
+
+``bait`` runs its pool-wide passes on the cluster (:mod:`worker.distributed_bait`: scores, the pool Fisher's tree
+reduction, the gather of the kept and design rows) and the exact greedy here on the gathered rows
+(:func:`_select_and_store_bait`); see docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -19,20 +23,24 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import numpy as np
+import torch
 from sqlalchemy.orm import Session, sessionmaker
 
 import selection
 from selection.api import SelectionResult
-from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
-from selection.passes import TOP_B_STRATEGIES
+from selection.bait import DEFAULT_LAM, design_weights
+from selection.bait_passes import objective_with_fisher, stratum_weights
+from selection.heads import HeadConfig, TrainedHead, predict, save_checkpoint, train_head
 from service.db import session_scope
 from service.domain import coldstart
+from service.domain.strategies import EXCLUDE_OUTLIERS
 from service.store import content as content_store
 from service.store.models import Pool
-from worker import context, distributed, pool_store, quality, threads
+from worker import context, distributed, distributed_bait, pool_store, quality, threads
 from worker.batch import (
     RESERVE_ATTEMPTS,
     ReservationConflict,
@@ -83,12 +91,16 @@ def run(
     settings = context.env().settings
     if not settings.dask_scheduler:
         return {"engine": "local"}
+    if spec.strategy == "bait" and "fisher_weights" in spec.params:
+        return {"engine": "local", "engine_note": "bait with fisher_weights runs in the worker's process"}
     if not distributed.handles(spec.strategy):
         return {
             "engine": "local",
             "engine_note": f"{spec.strategy} runs in the worker's process; on the Dask cluster so far: "
-            + ", ".join(TOP_B_STRATEGIES),
+            + ", ".join(distributed.CLUSTER_STRATEGIES),
         }
+    if spec.params.get(EXCLUDE_OUTLIERS) is True:
+        return {"engine": "local", "engine_note": "exclude_outliers (the pool-wide outlier check) runs in the worker"}
     t0 = time.perf_counter()
     timings: dict[str, float] = {"queued": spec.queued_for}
     now = utcnow()
@@ -127,7 +139,13 @@ def run(
     timings["connect"] = time.perf_counter() - t
     try:
         trained, assessed = _train(spec, factory, tracker, device, config, X_labeled, y, classes, timings)
-        _select_and_store(spec, factory, tracker, ttl_s, client, labeled_ids, trained, assessed, t0, timings)
+        if spec.strategy == "bait":
+            assert trained is not None
+            _select_and_store_bait(
+                spec, factory, tracker, ttl_s, client, labeled_ids, trained, assessed, t0, timings, device
+            )
+        else:
+            _select_and_store(spec, factory, tracker, ttl_s, client, labeled_ids, trained, assessed, t0, timings)
     except distributed.EngineUnavailable as exc:
         log.error("batch %s: %s", spec.batch_id, exc)
         _fail_batch(factory, spec.batch_id, spec.attempt, str(exc))
@@ -201,17 +219,20 @@ def _select_and_store(
                 labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
                 # as the single-process path: rows labeled since training count as in the design (never picked)
                 excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
-                picks = distributed.select_top(
-                    client,
-                    manifest,
-                    spec.strategy,
-                    spec.size,
-                    excluded,
-                    head_blob,
-                    spec.seed,
-                    check=tracker.check,
-                    progress=tracker.callback,
-                    lost_after_s=float(settings.dask_connect_timeout_seconds),
+                picks = distributed.rerun_when_inputs_lost(
+                    partial(
+                        distributed.select_top,
+                        client,
+                        manifest,
+                        spec.strategy,
+                        spec.size,
+                        excluded,
+                        head_blob,
+                        spec.seed,
+                        check=tracker.check,
+                        progress=tracker.callback,
+                        lost_after_s=float(settings.dask_connect_timeout_seconds),
+                    )
                 )
                 timings["select"] += time.perf_counter() - t
                 t = time.perf_counter()
@@ -249,3 +270,185 @@ def _select_and_store(
         f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
         "concurrent batches kept taking the chosen items"
     )
+
+
+def _select_and_store_bait(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    tracker: Tracker,
+    ttl_s: int,
+    client: Any,
+    labeled_ids: np.ndarray,
+    trained: TrainedHead,
+    assessed: quality.Quality | None,
+    t0: float,
+    timings: dict[str, float],
+    device: str,
+) -> None:
+    """BAIT with its pool-wide passes on the cluster (:mod:`worker.distributed_bait`) and the greedy here, on the
+    gathered rows, with the single-process code (:func:`selection.select`)."""
+    settings = context.env().settings
+    t = time.perf_counter()
+    tracker.stage("store", 0, 0)
+    with session_scope(factory) as s:
+        pool = s.get(Pool, spec.pool_id)
+        if pool is None:
+            raise Stopped(spec.batch_id)
+        manifest, store_how = pool_store.ensure_version(s, settings, pool, tracker.callback)
+    timings["pool_store"] = time.perf_counter() - t
+    head_blob = save_checkpoint(trained)
+    task = trained.config.task
+    d_pen = int(predict(trained, np.zeros((1, manifest.d), dtype=np.float32)).features.shape[1])
+    r = 1 if task == "regression" else int(trained.config.n_outputs) - 1
+    params = {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
+    chosen = {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None, "engine": "dask"}
+    timings.update(lock_wait=0.0, select=0.0, store=0.0)
+    for run in range(1, RESERVE_ATTEMPTS + 1):
+        t = time.perf_counter()
+        tracker.stage("select", 0, 0)
+        try:
+            with pool_selection_lock(spec.pool_id, tracker), session_scope(factory) as s:
+                wait_for_selection_lock(s, spec.pool_id, tracker)
+                timings["lock_wait"] += time.perf_counter() - t
+                t = time.perf_counter()
+                pool = s.get(Pool, spec.pool_id)
+                if pool is None:
+                    raise Stopped(spec.batch_id)
+                labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
+                # as the single-process path: rows labeled since training count as in the design (reserved)
+                excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
+                workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+                prefilter, fisher, why = distributed_bait.plan(
+                    params,
+                    task=task,
+                    n_pool=manifest.rows,
+                    n_cand=max(0, manifest.rows - int(excluded.shape[0])),
+                    n_design=int(excluded.shape[0]),
+                    d=d_pen,
+                    r=r,
+                    batch_size=spec.size,
+                    device=device,
+                    workers=workers,
+                )
+                g = distributed.rerun_when_inputs_lost(
+                    partial(
+                        distributed_bait.gather_bait,
+                        client,
+                        manifest,
+                        excluded,
+                        head_blob,
+                        spec.seed,
+                        prefilter,
+                        fisher,
+                        check=tracker.check,
+                        progress=tracker.callback,
+                        lost_after_s=float(settings.dask_connect_timeout_seconds),
+                    )
+                )
+                result = _greedy(spec, tracker, g, labeled_ids, excluded, params, device, why)
+                timings["select"] += time.perf_counter() - t
+                t = time.perf_counter()
+                tracker.stage("store", 0, spec.size)
+                # The batch's view of the pool: the gathered rows (the pool's rows stay in the store); ``X`` has
+                # the store version's row count and no columns, so n_pool reads it.
+                data = PoolArrays(
+                    item_ids=g.ids,
+                    external_ids=g.external_ids,
+                    X=np.empty((manifest.rows, 0), dtype=np.float32),
+                    labeled=labeled_ids,
+                    y=np.empty(0),
+                    reserved=reserved_now,
+                    cache={"how": "pool_store", "store": store_how, "version": manifest.version},
+                )
+                n_others = int(np.setdiff1d(excluded, labeled_ids).shape[0])
+                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, chosen)
+            return
+        except ReservationConflict:
+            timings["store"] += time.perf_counter() - t
+            log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
+    raise RuntimeError(
+        f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
+        "concurrent batches kept taking the chosen items"
+    )
+
+
+def _greedy(
+    spec: _BatchSpec,
+    tracker: Tracker,
+    g: distributed_bait.Gathered,
+    labeled_ids: np.ndarray,
+    excluded: np.ndarray,
+    params: dict[str, Any],
+    device: str,
+    why: str,
+) -> SelectionResult:
+    """Exact BAIT on the gathered rows (indices of the result: rows of ``g``), with the pre-filter's stratified
+    Fisher weights, and the exact objective over the whole pool from the reduced pool Fisher when there is one."""
+    t = time.perf_counter()
+    in_store = excluded[np.isin(excluded, g.ids)]
+    labeled = np.searchsorted(g.ids, labeled_ids[np.isin(labeled_ids, g.ids)])
+    reserved = np.searchsorted(g.ids, np.setdiff1d(in_store, labeled_ids))
+    run_params = dict(params)
+    if g.kept is not None:
+        run_params.update(prefilter="none", fisher_weights=stratum_weights(g.ids, g.kept))
+    with threads.torch_threads(context.env().settings.job_threads):
+        result = selection.select(
+            "bait",
+            embeddings=g.features,
+            probs=g.probs,
+            labeled=labeled,
+            reserved=reserved,
+            batch_size=spec.size,
+            task="regression" if g.probs is None else "classification",
+            seed=spec.seed,
+            device=device,
+            progress=tracker.callback,
+            **run_params,
+        )
+    diag = result.diagnostics
+    diag.pop("params", None)  # the stratum weights: one per gathered row
+    diag["params"] = params
+    if "forward_indices" in diag:  # rows of the gathered rows, not of the pool: named by item id instead
+        diag["forward_item_ids"] = g.ids[np.asarray(diag.pop("forward_indices"), dtype=np.int64)].tolist()
+    cluster = dict(g.diagnostics)
+    cluster["timings"] = {**cluster["timings"], "greedy": time.perf_counter() - t}
+    cluster["plan"] = why
+    if g.kept is not None:
+        cluster["prefilter"] = {
+            "top": int(g.kept.top.shape[0]),
+            "random": int(g.kept.random.shape[0]),
+            "random_weight": g.kept.weight,
+            "n_candidates": g.kept.candidates,
+            "random_stratum": "by item id (selection.bait_passes.item_keys)",
+        }
+    if g.kept is not None and result.objective is not None:
+        diag["prefiltered_objective"] = result.objective
+        diag["objective_kind"] = "prefiltered"
+        if g.fisher_sum is not None:
+            t = time.perf_counter()
+            lam = float(params.get("lam", DEFAULT_LAM))
+            w_design, w_picked = design_weights(
+                str(params.get("convention", "reference")), int(labeled.shape[0] + reserved.shape[0]), spec.size
+            )
+            dtype = torch.float64
+            feats = torch.as_tensor(g.features).to(dtype)
+            probs = None if g.probs is None else torch.as_tensor(g.probs).to(dtype)
+            exact = objective_with_fisher(
+                g.fisher_sum,
+                g.n_pool,
+                feats,
+                probs,
+                torch.as_tensor(np.union1d(labeled, reserved), dtype=torch.long),
+                torch.as_tensor(result.indices, dtype=torch.long),
+                lam=lam,
+                w_design=w_design,
+                w_picked=w_picked,
+            )
+            diag["exact_objective"] = exact
+            diag["objective_kind"] = "exact (pool Fisher: the cluster's tree reduction)"
+            result.objective = exact
+            cluster["timings"]["objective"] = time.perf_counter() - t
+    diag["cluster"] = cluster
+    for key in ("engine", "workers", "workers_used", "tasks", "store_version", "bytes_read"):
+        diag[key] = cluster[key]
+    return result

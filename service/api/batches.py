@@ -30,7 +30,11 @@ class BatchCreate(RequestModel):
 
     size: StrictInt = Field(description="number of items to select (at most the unlabeled, unreserved count)")
     strategy: str = Field(default="bait", description="a strategy name; see GET /v1/strategies")
-    params: dict[str, Any] = Field(default_factory=dict, description="strategy parameters, plus `seed`")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="strategy parameters, plus `seed`, `cold_start` and `exclude_outliers` (true: leave the picks "
+        "the outlier rule flags out of the batch, which keeps its size)",
+    )
 
 
 class Progress(BaseModel):
@@ -50,8 +54,17 @@ class BatchOut(BaseModel):
     params: dict[str, Any]
     progress: Progress
     item_ids: list[str] | None = Field(description="selected external ids, in pick order (once succeeded)")
+    outliers: list[str] | None = Field(
+        default=None,
+        description="the picks that lie far outside the pool's distribution (robust rule, see "
+        "diagnostics.outliers and docs/auto-and-stopping.md); [] when none, null when not checked. "
+        "params.exclude_outliers=true leaves them out of the batch",
+    )
     objective: float | None
-    diagnostics: dict[str, Any] = Field(description="timings per stage, the strategy's diagnostics, head metrics")
+    diagnostics: dict[str, Any] = Field(
+        description="timings per stage, the strategy's diagnostics, head metrics; `auto` (strategy auto: the arm "
+        "chosen, the per-arm probabilities and the evidence), `outliers` (the rule's numbers and flagged items)"
+    )
     checkpoint_id: str | None
     error: str | None
     delivery: Literal["pending", "delivered", "failed"] | None = Field(

@@ -204,6 +204,15 @@ def cancel_batch(session: Session, tenant_id: str, pool_id: str, batch_id: str) 
     return batch
 
 
+def outlier_ids(batch: Batch) -> list[str] | None:
+    """The batch's picks that the outlier rule flagged (``diagnostics.outliers.items``); None when the batch
+    was not checked (not finished, a strategy that reads no embeddings, or a batch from before the check)."""
+    info = (batch.diagnostics or {}).get("outliers")
+    if not isinstance(info, dict) or not info.get("checked"):
+        return None
+    return [str(i.get("item_id")) for i in info.get("items") or [] if isinstance(i, dict)]
+
+
 def batch_view(batch: Batch) -> dict[str, Any]:
     """The batch as the API shows it."""
     return {
@@ -218,6 +227,7 @@ def batch_view(batch: Batch) -> dict[str, Any]:
             "total": batch.progress_total,
         },
         "item_ids": batch.item_ids,
+        "outliers": outlier_ids(batch),
         "objective": batch.objective,
         "diagnostics": batch.diagnostics or {},
         "checkpoint_id": batch.checkpoint_id,

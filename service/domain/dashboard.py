@@ -132,6 +132,7 @@ def batch_page(session: Session, tenant_id: str, pool_id: str, batch_id: str) ->
     ids = list(batch.item_ids or [])
     items = store.batch_items(session, pool.id, ids, datetime.now(UTC))
     preds = _predictions(session, pool.id, batch.checkpoint_id)
+    flagged = set(batches_domain.outlier_ids(batch) or [])
     rows = []
     for pos, ext in enumerate(ids, start=1):
         item = items.get(ext, {})
@@ -146,6 +147,7 @@ def batch_page(session: Session, tenant_id: str, pool_id: str, batch_id: str) ->
                 "predicted": predicted,
                 "confidence": confidence,
                 "content": _content(item),
+                "outlier": ext in flagged,
             }
         )
     return {"pool": pool, "batch": batches_domain.batch_view(batch), "rows": rows}

@@ -27,6 +27,16 @@ COMMON_PARAMS: dict[str, tuple[str, Any]] = {"seed": ("int", None)}
 # settable through the service, whose clients do not know the pool's row order.
 ARRAY_PARAMS = frozenset({"fisher_weights"})
 
+# auto's parameters that a pool batch builds itself (the worker reads the pool's earlier batches and its
+# cold-start rule); a request may set them on POST /v1/select only.
+POOL_BUILT_PARAMS = frozenset({"history", "cold"})
+#: The arms auto may play (selection.auto.ALL_ARMS; tests/worker/test_strategy_catalog.py checks they agree).
+AUTO_ARMS = ("bait", "badge", "kmeanspp", "margin", "random", "typiclust")
+AUTO_ROUND_KEYS = ("arm", "arms", "picks", "labels", "predictions", "probabilities", "validation", "n_labels")
+AUTO_MAX_ROUNDS = 10_000
+#: ``params.exclude_outliers`` (pool batches): drop the picks the robust outlier rule flags (selection.outliers).
+EXCLUDE_OUTLIERS = "exclude_outliers"
+
 
 @dataclass(frozen=True)
 class Param:
@@ -130,6 +140,18 @@ CATALOG: dict[str, StrategySpec] = {
             kmeans_iters=("int", 50),
             kmeans_sample=("int", 20000),
             max_typicality_points=("int", 2000),
+        ),
+        # auto (selection.auto): a bandit over strategies; on a pool batch the worker builds history and cold.
+        _spec(
+            "auto",
+            BOTH,
+            "Auto: a bandit (EXP3.P, as in active learning by learning) chooses bait, badge, margin or random "
+            "per round from this pool's evidence (the cold-start strategies while the pool is cold)",
+            ("embeddings",),
+            history=("Any", None),
+            explore=("float", 0.1),
+            gamma=("float", 0.2),
+            cold=("bool | None", None),
         ),
         _spec(
             "kmeanspp",
@@ -265,6 +287,36 @@ def check_request(
     if not isinstance(params, Mapping):
         raise BadRequest(f"params must be an object, got {type(params).__name__}")
     params_in = params
+    extra: dict[str, Any] = {}
+    if EXCLUDE_OUTLIERS in params:
+        value = params[EXCLUDE_OUTLIERS]
+        if not batch:
+            raise BadRequest(
+                "params.exclude_outliers applies to pool batches only (the pool's distribution is known there); "
+                "remove it from POST /v1/select",
+                details={"param": EXCLUDE_OUTLIERS},
+            )
+        if not isinstance(value, bool):
+            raise BadRequest(
+                f"params.exclude_outliers must be true or false, got {value!r}",
+                details={"param": EXCLUDE_OUTLIERS, "expected": "bool"},
+            )
+        extra[EXCLUDE_OUTLIERS] = value
+        params = {k: v for k, v in params.items() if k != EXCLUDE_OUTLIERS}
+    if batch and spec.name == "auto":
+        built = sorted(set(params) & POOL_BUILT_PARAMS)
+        if built:
+            raise BadRequest(
+                f"parameter(s) {', '.join(map(repr, built))} of strategy 'auto' are built by the service on a pool "
+                "batch (from the pool's earlier batches and its labels); remove them",
+                details={"param": built[0]},
+            )
+    if coldstart.PARAM in params and spec.name == "auto":
+        raise BadRequest(
+            "params.cold_start does not apply to strategy 'auto': it plays the model-free cold-start strategies "
+            "itself while the pool is cold; remove params.cold_start",
+            details={"param": coldstart.PARAM},
+        )
     if coldstart.PARAM in params:
         coldstart.check_param(params[coldstart.PARAM], spec.name, spec.inputs, batch=batch)
         params = {k: v for k, v in params.items() if k != coldstart.PARAM}
@@ -317,7 +369,7 @@ def check_request(
             f"got {approx_dim}",
             details={"param": "approx_dim"},
         )
-    return spec, {**params, **cold}
+    return spec, {**params, **cold, **extra}
 
 
 SEED_MAX = 2**63 - 1  # seeds are stored as signed 64-bit integers and fed to torch/numpy generators
@@ -364,6 +416,12 @@ def _value_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | Non
             return "must be an integer >= 1 (and below the number of classes)"
     if key == "prefilter":
         return _prefilter_problem(value)
+    if key == "explore" and not 0 <= value <= 1:
+        return "must be a number in [0, 1]"
+    if key == "gamma" and not 0 < value <= 1:
+        return "must be a number in (0, 1]"
+    if key == "history":
+        return _history_problem(value)
     if key in COLD_START_LIMITS:
         lo, hi = COLD_START_LIMITS[key]
         if not lo <= value <= hi:
@@ -401,4 +459,35 @@ def _prefilter_problem(value: Any) -> str | None:
     seed = value.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
         return f"needs 'seed' as an integer in [0, {SEED_MAX}]"
+    return None
+
+
+def _history_problem(value: Any) -> str | None:
+    """The shape of auto's ``history`` (the library checks the values again): a list of rounds with the
+    required keys, per-pick lists of one length, known arms."""
+    if not isinstance(value, list):
+        return "must be a list of rounds (objects with arm, arms, picks, labels, probabilities)"
+    if len(value) > AUTO_MAX_ROUNDS:
+        return f"has more than {AUTO_MAX_ROUNDS} rounds"
+    for i, r in enumerate(value):
+        if not isinstance(r, Mapping):
+            return f"must be a list of objects; entry {i} is {type(r).__name__}"
+        unknown = sorted(set(r) - set(AUTO_ROUND_KEYS))
+        if unknown:
+            return f"entry {i} has unknown key(s) {unknown} (valid: {', '.join(AUTO_ROUND_KEYS)})"
+        missing = [k for k in ("arm", "arms", "picks", "labels", "probabilities") if k not in r]
+        if missing:
+            return f"entry {i} lacks {', '.join(missing)}"
+        if r["arm"] not in AUTO_ARMS:
+            return f"entry {i} has unknown arm {r['arm']!r} (arms: {', '.join(AUTO_ARMS)})"
+        lists = {k: r[k] for k in ("arms", "picks", "labels", "predictions") if k in r}
+        if not all(isinstance(v, list) for v in lists.values()):
+            return f"entry {i}: arms, picks, labels and predictions must be lists (one entry per pick)"
+        if len({len(v) for v in lists.values()}) != 1:
+            return f"entry {i}: arms, picks, labels and predictions must have one entry per pick (same length)"
+        bad = sorted({str(a) for a in r["arms"] if a not in AUTO_ARMS})
+        if bad:
+            return f"entry {i} has unknown arm(s) {bad} in arms (arms: {', '.join(AUTO_ARMS)})"
+        if not isinstance(r["probabilities"], Mapping):
+            return f"entry {i}: probabilities must be an object {{arm: probability}}"
     return None

@@ -197,3 +197,25 @@ def test_service_many_classes_smoke_times_random_and_bait_with_their_plans() -> 
     assert rows["bait, default plan"][9].startswith("exact,") and "k=6" in rows["bait, default plan"][9], out
     assert rows["bait, approx=topc"][9].startswith("topc, classes="), out
     assert rows["random (baseline)"][8] == "-"
+
+
+def test_distributed_scale_smoke_runs_bait_on_a_real_cluster_with_the_single_process_picks() -> None:
+    # a real `dask scheduler` and two `dask worker` processes; the script exits 1 if any cluster row's picks
+    # differ from the single-process batch's
+    out = _run([str(ROOT / "bench" / "distributed_scale.py"), "--smoke"])
+    rows = _table(out)
+    rows.pop("measurement")  # the header
+    assert set(rows) == {
+        "local (single process)",
+        "dask, store cold (writes it)",
+        "dask, 2 workers, store warm",
+        "dask, 1 worker, store warm",
+    }, out
+    assert "engine local" in rows["local (single process)"][-1]
+    for name, cells in rows.items():
+        seconds = float(cells[1])
+        assert math.isfinite(seconds) and seconds > 0, (name, cells)
+        if name.startswith("dask"):
+            assert "engine dask; same picks" in cells[-1], (name, cells)
+    assert "1 worker(s)" in rows["dask, 1 worker, store warm"][-1]
+    assert "same picks as the single-process batch on every cluster row: yes" in out

@@ -102,7 +102,7 @@ def test_second_batch_counts_round_and_avoids_first_batch(
         ({"size": 0, "strategy": "random"}, 400, "size must be at least 1"),
         ({"size": -3, "strategy": "random"}, 400, "size must be at least 1"),
         ({"size": 91, "strategy": "random"}, 400, "size 91 is more than the 90 item(s) available"),
-        ({"size": 5, "strategy": "fancy"}, 400, "unknown strategy 'fancy'; valid strategies: badge, bait,"),
+        ({"size": 5, "strategy": "fancy"}, 400, "unknown strategy 'fancy'; valid strategies: auto, badge, bait,"),
         ({"size": 5, "strategy": "bait", "params": {"oversampel": 2}}, 400, "unknown parameter(s) 'oversampel'"),
         ({"size": 5, "strategy": "bait", "params": {"lam": "big"}}, 400, "'lam' of strategy 'bait' must be float"),
         (
@@ -133,7 +133,7 @@ def test_batch_rejects_strategy_not_for_pool_task(
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
         "strategy 'margin' supports classification, not regression; "
-        "strategies for regression: bait, bait_nofisher, coreset, kmeanspp, random, typiclust"
+        "strategies for regression: auto, bait, bait_nofisher, coreset, kmeanspp, random, typiclust"
     )
     assert count_rows(db, Batch) == 0
 

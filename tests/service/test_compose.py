@@ -3,6 +3,7 @@ so `docker compose up` starts instead of restarting forever (no container engine
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def compose() -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     return data
+
+
+def unset_default(value: Any) -> str:
+    """A compose value as compose interpolates it with the variable unset: ``${VAR:-default}`` -> default."""
+    return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", str(value))
 
 
 def test_api_and_worker_share_the_generated_key_file_in_one_volume() -> None:
@@ -40,8 +46,9 @@ def test_api_and_worker_share_the_generated_key_file_in_one_volume() -> None:
 def test_the_compose_environment_without_a_secret_key_starts_and_agrees_on_one_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = dict(compose()["services"]["api"]["environment"])
-    env["BAIT_SECRET_KEY"] = ""  # what ${BAIT_SECRET_KEY:-} gives when the operator set none
+    # what compose makes of ${VAR:-default} when the operator set none of them (BAIT_SECRET_KEY among them)
+    env = {k: unset_default(v) for k, v in compose()["services"]["api"]["environment"].items()}
+    assert env["BAIT_SECRET_KEY"] == ""
     env["BAIT_SECRET_KEY_FILE"] = str(tmp_path / "volume" / "secret.key")  # the volume, here
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -61,3 +68,29 @@ def test_workers_share_the_pool_cache_in_one_volume_the_image_makes_writable() -
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert cache_dir in dockerfile.split("mkdir -p", 1)[1].split("\n")[0]
     assert cache_dir in dockerfile.split("chown bait", 1)[1].split("&&")[0]
+
+
+def test_the_dask_profile_keeps_the_scheduler_private_and_shares_the_pool_store() -> None:
+    data = compose()
+    services = data["services"]
+    scheduler, dask_worker = services["dask-scheduler"], services["dask-worker"]
+    # opt-in: a plain `docker compose up` starts no cluster, and batches stay in the worker's process
+    assert scheduler["profiles"] == ["dask"] and dask_worker["profiles"] == ["dask"]
+    assert unset_default(services["worker"]["environment"]["BAIT_DASK_SCHEDULER"]) == ""
+    assert Settings(dask_scheduler="").dask_scheduler is None
+    # the scheduler runs any code its clients send: reachable on the compose network only, no dashboard
+    assert "ports" not in scheduler and "--no-dashboard" in scheduler["command"]
+    assert scheduler["command"][0] == "scheduler" and scheduler["entrypoint"] == ["dask"]
+    assert dask_worker["command"][:2] == ["worker", "tcp://dask-scheduler:8786"]
+    assert Settings(dask_scheduler="tcp://dask-scheduler:8786").dask_scheduler == "tcp://dask-scheduler:8786"
+    # the service's workers (which write the store) and the Dask workers (which read it) mount one volume at
+    # the path BAIT_POOL_STORE names; the image makes that folder for its user
+    store = services["worker"]["environment"]["BAIT_POOL_STORE"]
+    for name in ("api", "worker", "dask-worker"):
+        mounts = {m.split(":")[1]: m.split(":")[0] for m in services[name]["volumes"]}
+        assert mounts.get(store) == "poolstore", f"{name} does not mount the pool store"
+    assert "poolstore" in data["volumes"]
+    assert Settings(pool_store=store).pool_store == store
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert store in dockerfile.split("mkdir -p", 1)[1].split("\n")[0]
+    assert store in dockerfile.split("chown bait", 1)[1].split("&&")[0]

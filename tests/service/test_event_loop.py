@@ -8,6 +8,7 @@ with 40,000 classes froze the API for 181 s.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,8 +29,17 @@ HEALTH_DEADLINE_S = 1.0
 
 @pytest.fixture
 def live(settings: Settings, db: sessionmaker[Session]) -> Iterator[str]:
-    with serve_in_thread(create_app(settings)) as base:
-        yield base
+    # The server runs in a thread of the test process, which by the middle of the suite holds millions of
+    # objects from earlier tests: a full garbage collection of them (seconds, GIL held) would stall the
+    # server for reasons of the test process, not of the server. Collect now and freeze what is left, so
+    # collections during the test only walk what it allocates.
+    gc.collect()
+    gc.freeze()
+    try:
+        with serve_in_thread(create_app(settings)) as base:
+            yield base
+    finally:
+        gc.unfreeze()
 
 
 def health_while(base: str, send: Callable[[], httpx.Response]) -> tuple[httpx.Response, list[float]]:
@@ -64,10 +74,10 @@ def health_while(base: str, send: Callable[[], httpx.Response]) -> tuple[httpx.R
     return resp, latencies
 
 
-def assert_responsive(latencies: list[float]) -> None:
+def assert_responsive(latencies: list[float], deadline: float = HEALTH_DEADLINE_S) -> None:
     assert len(latencies) >= 3, f"/healthz was polled only {len(latencies)} times"
     slowest = max(latencies)
-    assert slowest < HEALTH_DEADLINE_S, f"/healthz took {slowest:.2f} s (of {len(latencies)} polls)"
+    assert slowest < deadline, f"/healthz took {slowest:.2f} s (of {len(latencies)} polls; deadline {deadline:.2f} s)"
 
 
 @pytest.fixture
@@ -124,5 +134,7 @@ def test_large_legitimate_npz_is_parsed_off_the_event_loop(live: str, http: http
     took = time.monotonic() - t0
     assert resp.status_code == 400, resp.text
     assert "no-such-strategy" in resp.json()["error"]["message"]
-    assert_responsive(latencies)
-    assert len(latencies) >= 3, took
+    # Parsed on the event loop, /healthz would wait for the whole parse (one poll as long as the request).
+    # Off it, no poll comes near that; on a busy 2-core CI machine one poll may still meet a scheduling
+    # hiccup of a second or two, so the bound is the larger of the deadline and a third of the request.
+    assert_responsive(latencies, deadline=max(HEALTH_DEADLINE_S, took / 3))

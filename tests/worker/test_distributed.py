@@ -7,6 +7,7 @@ API field can name a scheduler."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +27,7 @@ from service.config import Settings
 from service.main import create_app
 from tests.conftest import REDIS_URL
 from tests.e2e.procs import free_port
+from tests.service.test_web import _sign_in
 from tests.worker.factories import make_pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,6 +214,19 @@ def test_cluster_picks_equal_the_single_process_picks(
         batch = _wait(app, dask_settings, auth, data.pool_id, _batch(app, auth, data.pool_id, "coreset"))
         assert batch["status"] == "succeeded" and batch["diagnostics"]["engine"] == "local"
         assert "coreset runs in the worker's process" in batch["diagnostics"]["engine_note"]
+        # the dashboard says where each ran
+        _sign_in(app, auth["Authorization"].removeprefix("Bearer "))
+        page = app.get(f"/ui/pools/{data.pool_id}/batches/{batch['id']}").text
+        assert "Ran on the worker's own process (coreset runs in the worker&#39;s process" in page
+        pool_dask = make_pool(db, name="dask-page", **POOL)
+        dask_batch = _wait(app, dask_settings, auth, pool_dask.pool_id, _batch(app, auth, pool_dask.pool_id, "margin"))
+        pool_page = app.get(f"/ui/pools/{pool_dask.pool_id}").text
+        assert re.search(
+            r'<td class="engine">Dask cluster <small class="muted">\([12] workers?\)</small></td>', pool_page
+        )
+        page = app.get(f"/ui/pools/{pool_dask.pool_id}/batches/{dask_batch['id']}").text
+        assert re.search(r"Ran on the Dask cluster: [12] of 2 worker\(s\), 10 task\(s\), store version \d+", page)
+        assert cluster.address not in page and cluster.address not in pool_page
 
 
 def _kill_w0_mid_task(cluster: Cluster, killed: list[str]) -> None:
@@ -286,3 +302,106 @@ def test_no_api_field_can_name_a_scheduler(client: TestClient, db: sessionmaker[
         r = client.post(f"/v1/pools/{data.pool_id}/batches", json=body, headers=auth)
         assert 400 <= r.status_code < 500, (body, r.text)
     assert client.get(f"/v1/pools/{data.pool_id}/batches", headers=auth).json()["batches"] == []
+
+
+BAIT_POOL: dict[str, Any] = {"n": 3000, "d": 16, "n_labeled": 40, "seed": 7}
+
+
+def _bait_batch(client: TestClient, auth: dict[str, str], pool_id: str, params: dict[str, Any]) -> str:
+    r = client.post(
+        f"/v1/pools/{pool_id}/batches",
+        json={"size": 10, "strategy": "bait", "params": {"seed": 3, **params}},
+        headers=auth,
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def test_bait_on_the_cluster_picks_what_the_single_process_batch_picks(
+    cluster: Cluster, settings: Settings, db: sessionmaker[Session], auth: dict[str, str], tmp_path: Path
+) -> None:
+    """BAIT through the service: the pool-wide passes on the cluster, the greedy in the job. Every candidate kept
+    (the auto plan at this size) and a score-only pre-filter pick the single-process items; a pre-filter with a
+    random stratum (drawn by item id on the cluster) gathers only the kept rows and the design."""
+    cases: dict[str, dict[str, Any]] = {
+        "auto": {},
+        "top": {"prefilter": {"top": 400, "random": 0}},
+        "strata": {"prefilter": {"top": 300, "random": 200}},
+    }
+    local: dict[str, dict[str, Any]] = {}
+    with TestClient(create_app(settings)) as app:
+        for name, params in cases.items():
+            data = make_pool(db, name=f"local-bait-{name}", **BAIT_POOL)
+            batch = _wait(app, settings, auth, data.pool_id, _bait_batch(app, auth, data.pool_id, params))
+            assert batch["status"] == "succeeded", batch["error"]
+            assert batch["diagnostics"]["engine"] == "local"
+            local[name] = batch
+    dask_settings = _settings(settings, tmp_path / "store", dask_scheduler=cluster.address, pool_store_shard_rows=500)
+    with TestClient(create_app(dask_settings)) as app:
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for name, params in cases.items():
+            for run in range(2 if name == "strata" else 1):  # strata: on two copies of the pool
+                data = make_pool(db, name=f"dask-bait-{name}-{run}", **BAIT_POOL)
+                batch = _wait(app, dask_settings, auth, data.pool_id, _bait_batch(app, auth, data.pool_id, params))
+                assert batch["status"] == "succeeded", batch["error"]
+                runs.setdefault(name, []).append(batch)
+    labeled = {f"item-{i:05d}" for i in range(BAIT_POOL["n_labeled"])}
+    for name, batches in runs.items():
+        for batch in batches:
+            diag = batch["diagnostics"]
+            sel = diag["selection"]
+            assert diag["engine"] == "dask" and sel["engine"] == "dask", name
+            assert sel["workers"] == 2 and diag["pool_cache"]["how"] == "pool_store"
+            assert cluster.address not in str(diag)
+            assert len(set(batch["item_ids"])) == 10 and not labeled & set(batch["item_ids"])
+            stages = sel["cluster"]["tasks_per_stage"]
+            assert sel["bytes_read"]["gather"] > 0 and stages["gather"] >= 1
+            if name == "auto":  # every candidate kept: one gather task per shard, no scores pass
+                assert stages == {"gather": 6} and sel["cluster"]["rows_gathered"] == BAIT_POOL["n"]
+            else:
+                assert stages["scores"] == 6 and stages["fisher_reduce"] == 5 and sel["bytes_read"]["scores"] > 0
+                assert sel["objective_kind"].startswith("exact")
+                kept = sel["cluster"]["prefilter"]
+                assert (kept["top"], kept["random"]) == tuple(cases[name]["prefilter"].values())
+                # only the kept candidates and the design travel to the job
+                assert sel["cluster"]["rows_gathered"] == kept["top"] + kept["random"] + BAIT_POOL["n_labeled"]
+    # the same items as the single-process batch, and the same objective over the whole pool (float32 pipeline:
+    # the head's forward pass of a row may differ in its last bits between a shard's chunk and the pool's)
+    for name in ("auto", "top"):
+        got, ref = runs[name][0], local[name]
+        assert got["item_ids"] == ref["item_ids"], name
+        assert got["objective"] == pytest.approx(ref["objective"], rel=1e-4)
+    # the random stratum (drawn by item id: each copy of the pool has its own ids) stands for the other candidates
+    n_cand = BAIT_POOL["n"] - BAIT_POOL["n_labeled"]
+    for batch in runs["strata"]:
+        kept = batch["diagnostics"]["selection"]["cluster"]["prefilter"]
+        assert kept["n_candidates"] == n_cand and kept["random_weight"] == pytest.approx((n_cand - 300) / 200)
+        assert batch["objective"] > 0
+
+
+def test_a_pass_whose_inputs_the_cluster_lost_runs_again_then_gives_up() -> None:
+    # What a worker dying with the last replica of a pass's scattered inputs looks like to the job: its tasks
+    # are cancelled ("already forgotten"). The pass runs again from the start; after LOST_INPUT_RERUNS reruns
+    # the batch fails with engine_unavailable.
+    from distributed.client import FutureCancelledError
+
+    from worker.distributed import LOST_INPUT_RERUNS, EngineUnavailable, Picks, rerun_when_inputs_lost
+
+    calls: list[int] = []
+
+    def flaky(fail: int) -> Picks:
+        calls.append(1)
+        if len(calls) <= fail:
+            raise FutureCancelledError("bait-shard-x-00001", reason="already forgotten")
+        return Picks(ids=np.array([3]), external_ids=["c"], scores=np.array([0.5]), candidates=9)
+
+    picks = rerun_when_inputs_lost(lambda: flaky(1))
+    assert len(calls) == 2 and picks.diagnostics["pass_reruns"] == 1 and picks.ids.tolist() == [3]
+    calls.clear()
+    assert rerun_when_inputs_lost(lambda: flaky(0)).diagnostics["pass_reruns"] == 0 and len(calls) == 1
+    calls.clear()
+    with pytest.raises(
+        EngineUnavailable, match=r"^engine_unavailable: the Dask cluster lost the batch's inputs 3 times"
+    ):
+        rerun_when_inputs_lost(lambda: flaky(LOST_INPUT_RERUNS + 1))
+    assert len(calls) == LOST_INPUT_RERUNS + 1

@@ -53,7 +53,7 @@ def test_check_request_names_valid_choices() -> None:
     with pytest.raises(BadRequest, match=r"valid strategies: .*bait.*random"):
         strategies.check_request("fancy", "classification", {})
     with pytest.raises(
-        BadRequest, match=r"strategies for regression: bait, bait_nofisher, coreset, kmeanspp, random, typiclust$"
+        BadRequest, match=r"strategies for regression: auto, bait, bait_nofisher, coreset, kmeanspp, random, typiclust$"
     ):
         strategies.check_request("margin", "regression", {})
     with pytest.raises(BadRequest, match=r"valid parameters: .*oversample.*seed"):
@@ -64,3 +64,10 @@ def test_check_request_names_valid_choices() -> None:
         strategies.check_request("bait", "classification", {"approx_dim": 2.5})
     with pytest.raises(BadRequest, match="per-row arrays"):
         strategies.check_request("bait", "classification", {"fisher_weights": [1.0]})
+
+
+def test_auto_arms_and_round_keys_match_the_library() -> None:
+    from selection import auto
+
+    assert set(strategies.AUTO_ARMS) == set(auto.ALL_ARMS)
+    assert set(strategies.AUTO_ROUND_KEYS) == set(auto.ROUND_KEYS)

@@ -1,0 +1,260 @@
+"""BAIT on a Dask cluster against the single-process path, through the service (issue 26).
+
+One scratch database and one pool (``--n`` x ``--d`` float32, 10 classes, ``--labeled`` labels), served by
+the api under uvicorn with its in-process job runner, twice: first with no cluster (the single-process batch, the
+baseline), then with ``BAIT_DASK_SCHEDULER`` naming a real ``dask scheduler`` with ``--workers`` ``dask worker``
+processes on 127.0.0.1 (``--memory-limit`` each) and a pool store in a temporary folder. Rows, in one run:
+
+- ``local``: ``bait`` with a fixed seed, POST -> succeeded (the single-process path);
+- ``dask, store cold``: the first cluster batch, which writes the pool store (Parquet shards) first;
+- ``dask, N workers``: the same batch with the store warm, for each N of ``--workers`` (largest first; workers are
+  stopped between rows), with the stages of the cluster passes (scores + Fisher reduction, gather) and the greedy.
+
+Each batch is cancelled after it is timed, so every row selects from the same pool; every row says whether its
+picks equal the single-process picks. The peak resident memory (``VmHWM``) of the api process (where the job
+runs) and of each Dask worker is printed at the end. Everything is written under a temporary folder and removed.
+
+    python bench/distributed_scale.py                      # 10^5 x 128, k = 10, B = 100, workers 2 and 1
+    python bench/distributed_scale.py --n 1000000 --workers 2,1
+    python bench/distributed_scale.py --smoke              # 3,000 x 16, k = 10, B = 10: checks the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.batch_latency import labeled_pool, warm_up  # noqa: E402
+from bench.service_harness import (  # noqa: E402
+    BenchContext,
+    Row,
+    api_server,
+    machine,
+    mint_key,
+    print_table,
+    scratch_database,
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    """A ``dask scheduler`` and ``dask worker`` processes on 127.0.0.1 (logs in ``folder``)."""
+
+    def __init__(self, folder: Path, workers: int, memory_limit: str) -> None:
+        self.folder = folder
+        port = _free_port()
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.scheduler = self._start(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], "s")
+        self.workers = [
+            self._start(
+                [
+                    "worker",
+                    self.address,
+                    "--host",
+                    "127.0.0.1",
+                    "--nthreads",
+                    "1",
+                    "--memory-limit",
+                    memory_limit,
+                    "--no-dashboard",
+                    "--no-nanny",
+                    "--name",
+                    f"w{i}",
+                ],
+                f"w{i}",
+            )
+            for i in range(workers)
+        ]
+        self.wait_for(workers)
+
+    def _start(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BAIT_")}
+        env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", DASK_DISTRIBUTED__WORKER__DAEMON="false")
+        with open(self.folder / f"{name}.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "dask", *args],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait_for(self, n: int, timeout: float = 120) -> None:
+        from distributed import Client
+
+        with Client(self.address, timeout=30, set_as_default=False) as c:
+            deadline = time.monotonic() + timeout
+            while len(c.scheduler_info(n_workers=-1)["workers"]) != n:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the cluster did not reach {n} worker(s); logs in {self.folder}")
+                time.sleep(0.2)
+
+    def stop_worker(self) -> None:
+        proc = self.workers.pop()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        self.wait_for(len(self.workers))
+
+    def close(self) -> None:
+        for proc in [*self.workers, self.scheduler]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The process's peak resident set (``VmHWM``) in MB, or None once it has exited."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def timed_bait(ctx: BenchContext, pool: str, size: int, seed: int) -> tuple[float, dict[str, Any]]:
+    """Seconds from POST to ``succeeded`` of a ``bait`` batch with a fixed seed, and the batch (then cancelled)."""
+    t0 = time.perf_counter()
+    body = {"size": size, "strategy": "bait", "params": {"seed": seed}}
+    resp = ctx.client.post(f"/v1/pools/{pool}/batches", json=body, headers=ctx.auth)
+    if resp.status_code != 202:
+        raise RuntimeError(f"POST batches: {resp.status_code} {resp.text[:500]}")
+    url = resp.headers["Location"]
+    delay = 0.02
+    while True:
+        batch: dict[str, Any] = ctx.client.get(url, headers=ctx.auth).json()
+        if batch["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+    seconds = time.perf_counter() - t0
+    if batch["status"] != "succeeded":
+        raise RuntimeError(f"bait batch {batch['status']}: {batch['error']}")
+    ctx.client.post(f"{url}/cancel", headers=ctx.auth).raise_for_status()
+    return seconds, batch
+
+
+def stage_note(batch: dict[str, Any], baseline: list[str] | None) -> str:
+    diag = batch["diagnostics"]
+    sel = diag.get("selection", {})
+    parts = [f"engine {diag.get('engine')}" + (f" ({diag['engine_note']})" if diag.get("engine_note") else "")]
+    if baseline is not None:
+        parts.append("same picks" if batch["item_ids"] == baseline else "DIFFERENT picks")
+    cluster = sel.get("cluster") or {}
+    ct = cluster.get("timings") or {}
+    if ct:
+        stages = ", ".join(
+            f"{k} {float(v):.2f}" for k, v in ct.items() if k in ("scores", "fisher", "gather", "passes")
+        )
+        parts.append(f"cluster: {stages} s; {cluster.get('workers_used')} worker(s), {cluster.get('tasks')} tasks")
+        parts.append(f"rows gathered {cluster.get('rows_gathered')}")
+    t = diag.get("timings", {})
+    parts.append(", ".join(f"{k} {float(t[k]):.2f}" for k in ("train", "pool_store", "select", "total") if k in t))
+    st = sel.get("timings", {})
+    if "forward" in st:
+        parts.append(f"greedy {float(st.get('setup', 0)) + float(st['forward']) + float(st.get('backward', 0)):.2f} s")
+    return "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--labeled", type=int, default=1000)
+    ap.add_argument("--workers", default="2,1", help="worker counts to time, e.g. 2,1 (one cluster, workers stopped)")
+    ap.add_argument("--memory-limit", default="3GB")
+    ap.add_argument("--shard-rows", type=int, default=65536)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.n, args.d, args.size, args.labeled, args.shard_rows = 3000, 16, 10, 300, 700
+    counts = sorted({int(w) for w in args.workers.split(",")}, reverse=True)
+    if not counts or counts[-1] < 1:
+        ap.error("--workers must be positive counts, e.g. 2,1")
+
+    print(f"BAIT on a Dask cluster against the single-process path: n={args.n:,} d={args.d} k=10 B={args.size}")
+    for key, value in machine().items():
+        print(f"  {key:22} {value}")
+    print(f"  {'cluster':22} 1 scheduler + {counts[0]} worker(s), 1 thread, --memory-limit {args.memory_limit} each")
+    print()
+    rows: list[Row] = []
+    peaks: dict[str, float | None] = {}
+    with tempfile.TemporaryDirectory(prefix="bait-dist-bench-") as tmp, scratch_database(None) as (url, description):
+        folder = Path(tmp)
+        key = mint_key(url)
+        auth = {"Authorization": f"Bearer {key}"}
+        os.environ.update(BAIT_POOL_STORE=str(folder / "store"), BAIT_POOL_STORE_SHARD_ROWS=str(args.shard_rows))
+        os.environ.pop("BAIT_DASK_SCHEDULER", None)
+        with api_server(url) as base, httpx.Client(base_url=base, timeout=3600) as client:
+            ctx = BenchContext(client, auth, args.n, args.d, args.smoke, description)
+            warm_up(ctx)
+            pool = labeled_pool(ctx, args.n, args.d, 10, args.labeled, name="dist")
+            seconds, local = timed_bait(ctx, pool, args.size, args.seed)
+            rows.append(Row("local (single process)", args.n, seconds, note=stage_note(local, None)))
+        cluster = Cluster(folder, counts[0], args.memory_limit)
+        try:
+            os.environ["BAIT_DASK_SCHEDULER"] = cluster.address
+            with api_server(url) as base, httpx.Client(base_url=base, timeout=3600) as client:
+                ctx = BenchContext(client, auth, args.n, args.d, args.smoke, description)
+                seconds, batch = timed_bait(ctx, pool, args.size, args.seed)
+                rows.append(
+                    Row("dask, store cold (writes it)", args.n, seconds, note=stage_note(batch, local["item_ids"]))
+                )
+                for count in counts:
+                    while len(cluster.workers) > count:
+                        peaks[f"dask worker w{len(cluster.workers) - 1} (then stopped)"] = peak_rss_mb(
+                            cluster.workers[-1].pid
+                        )
+                        cluster.stop_worker()
+                    seconds, batch = timed_bait(ctx, pool, args.size, args.seed)
+                    label = f"dask, {count} worker{'s' if count > 1 else ''}, store warm"
+                    rows.append(Row(label, args.n, seconds, note=stage_note(batch, local["item_ids"])))
+                server_pids = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in p.cmdline()]
+                for pid in server_pids:
+                    peaks[f"api + job (pid {pid})"] = peak_rss_mb(pid)
+                for i, proc in enumerate(cluster.workers):
+                    peaks[f"dask worker w{i}"] = peak_rss_mb(proc.pid)
+        finally:
+            cluster.close()
+            os.environ.pop("BAIT_DASK_SCHEDULER", None)
+    print_table(rows)
+    print()
+    print("peak resident memory (VmHWM, MB; the first api process, which ran the local row, is not shown):")
+    for name, mb in peaks.items():
+        print(f"  {name:32} {mb:,.0f}" if mb is not None else f"  {name:32} (exited)")
+    same = all("DIFFERENT" not in r.note for r in rows)
+    print(f"\nsame picks as the single-process batch on every cluster row: {'yes' if same else 'NO'}")
+    return 0 if same else 1
+
+
+def _children_of(pid: int) -> list[Any]:
+    import psutil
+
+    return list(psutil.Process(pid).children(recursive=True))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""Outliers named: a robust rule that says which rows lie far outside the pool's distribution.
+
+BAIT (and any strategy that seeks extreme inputs) is pulled towards rows with a huge norm; one corrupt row
+(a unit error, a sensor glitch, a text with a broken encoding) is then picked first and its label teaches
+the model little. The rule here flags such rows so a caller can show them, or leave them out.
+
+The rule (per-dimension robust z-scores, then a robust cut on their root mean square):
+
+1. For every dimension ``j`` of the embeddings: the median ``m_j`` and the scale
+   ``s_j = 1.4826 * MAD_j`` (median absolute deviation; 1.4826 makes it the standard deviation of a normal
+   dimension). A dimension whose MAD is 0 (mostly one value, such as a sparse or binary feature) uses its
+   standard deviation instead (a robust scale of 0 would make every non-zero entry infinitely far); a
+   dimension that is constant on the sample is ignored.
+2. The robust distance of a row ``x``: ``D(x) = sqrt(mean_j ((x_j - m_j) / s_j)^2)`` (about 1 for a
+   typical row of a normal pool, whatever the dimension).
+3. The row is an outlier when ``D(x) > median(D) + c * 1.4826 * MAD(D)`` over the pool, with
+   ``c = 5`` (:data:`DEFAULT_C`): for normal data that is about 1 row in 10^4 at d = 2 and far fewer at
+   d >= 16, while a row 10^3 times the pool's scale is flagged at any dimension.
+
+Medians and MADs are taken over a seeded uniform sample of at most ``sample`` rows (5,000 by default; all rows
+of a smaller pool), so the cost is ``O(sample * d)`` for the statistics plus ``O(d)`` per row checked; only the
+rows read (the sample and the rows checked) are checked for NaN/inf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from selection.errors import InputDataError, ParameterError
+
+#: Rows with a robust distance above ``median + DEFAULT_C * 1.4826 * MAD`` of the pool's distances are outliers.
+DEFAULT_C = 5.0
+#: Rows the medians and MADs are computed on (a seeded uniform sample when the pool is larger).
+DEFAULT_SAMPLE = 5_000
+_CHUNK = 65_536
+_MAD_TO_SD = 1.4826
+_MEANAD_TO_SD = 1.2533
+RULE = (
+    "robust distance D = RMS over dimensions of (x - median) / (1.4826 MAD) (per-dimension, over the pool); "
+    "outlier when D > median(D) + c * 1.4826 * MAD(D)"
+)
+
+
+@dataclass(frozen=True)
+class OutlierReport:
+    """What :func:`robust_outliers` found.
+
+    Attributes:
+        rows: ``(m,)`` int64 rows that were checked (the ``rows`` argument, or every row).
+        distances: ``(m,)`` robust distances of those rows.
+        flagged: ``(m,)`` bool, True where the row is an outlier.
+        threshold: the cut ``median(D) + c * 1.4826 * MAD(D)`` (``1.2533 * mean |D - median(D)|`` in place
+            of ``1.4826 * MAD(D)`` when the MAD is 0).
+        median: median robust distance of the pool (sample).
+        mad: MAD of the pool's robust distances (sample, unscaled).
+        c: the multiplier used.
+        n_sample: rows the statistics were computed on.
+    """
+
+    rows: np.ndarray
+    distances: np.ndarray
+    flagged: np.ndarray
+    threshold: float
+    median: float
+    mad: float
+    c: float
+    n_sample: int
+
+    @property
+    def outlier_rows(self) -> np.ndarray:
+        """The flagged rows, in the order checked."""
+        return self.rows[self.flagged]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly summary (the flagged rows with their distances, and the rule's numbers)."""
+        return {
+            "rule": RULE,
+            "c": self.c,
+            "threshold": self.threshold,
+            "median_distance": self.median,
+            "mad_distance": self.mad,
+            "n_sample": self.n_sample,
+            "n_checked": int(self.rows.shape[0]),
+            "n_flagged": int(self.flagged.sum()),
+        }
+
+
+def _as_tensor(X: Any) -> torch.Tensor:
+    t = X if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X))
+    if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        raise InputDataError(f"embeddings must be a non-empty n x d array, got shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        t = t.to(torch.float64)
+    return t
+
+
+def _scales(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension median and robust scale of the sample ``S`` (scale 0 marks a constant dimension)."""
+    med = S.median(dim=0).values
+    dev = (S - med).abs()
+    mad = dev.median(dim=0).values * _MAD_TO_SD
+    sd = S.std(dim=0) if S.shape[0] > 1 else torch.zeros_like(med)
+    scale = torch.where(mad > 0, mad, sd)
+    return med, scale
+
+
+def _distances(X: torch.Tensor, med: torch.Tensor, scale: torch.Tensor, used: int) -> torch.Tensor:
+    live = scale > 0
+    z = (X[:, live] - med[live]) / scale[live]
+    return (z * z).sum(dim=1).div(max(used, 1)).sqrt()
+
+
+def robust_outliers(
+    X: Any,
+    rows: Any = None,
+    *,
+    c: float = DEFAULT_C,
+    sample: int = DEFAULT_SAMPLE,
+    seed: int = 0,
+) -> OutlierReport:
+    """Flag rows of ``X`` that lie far outside the pool's distribution (see the module's rule).
+
+    Args:
+        X: ``n x d`` embeddings of the whole pool (numpy or torch, any device).
+        rows: rows to check (integer indices); ``None`` checks every row.
+        c: multiplier of the MAD of the pool's distances in the cut (> 0).
+        sample: rows the medians are computed on (a seeded uniform sample when ``n`` is larger), >= 2.
+        seed: seed of that sample.
+
+    Returns:
+        An :class:`OutlierReport`.
+
+    Raises:
+        InputDataError: ``X`` is not a finite ``n x d`` array.
+        ParameterError: ``c``, ``sample`` or ``rows`` out of range.
+    """
+    if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0:
+        raise ParameterError(f"c must be a finite number > 0, got {c!r}")
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
+        raise ParameterError(f"sample must be an integer >= 2, got {sample!r}")
+    T = _as_tensor(X)
+    n = int(T.shape[0])
+    if rows is None:
+        idx = np.arange(n, dtype=np.int64)
+    else:
+        idx = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ParameterError(f"rows must be a 1-d array of integer row indices, got shape {idx.shape}")
+        idx = idx.astype(np.int64, copy=False)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise ParameterError(f"rows must be in [0, {n}), got {int(idx.min())}..{int(idx.max())}")
+    if n > sample:
+        g = torch.Generator(device="cpu")
+        g.manual_seed(int(seed))
+        pick = torch.randperm(n, generator=g)[:sample].sort().values.to(T.device)
+        S = T[pick]
+    else:
+        S = T
+    S = S.to(torch.float64)
+    if not bool(torch.isfinite(S).all()):  # only the rows read are checked: the pool may be large
+        raise InputDataError("embeddings contain NaN or inf")
+    med, scale = _scales(S)
+    used = int((scale > 0).sum())
+    if used == 0:  # every dimension is constant on the sample: nothing can stand out but exact copies
+        dist = torch.zeros(idx.shape[0], dtype=torch.float64)
+        return OutlierReport(idx, dist.numpy(), np.zeros(idx.shape[0], dtype=bool), 0.0, 0.0, 0.0, float(c), S.shape[0])
+    d_sample = _distances(S, med, scale, used)
+    d_med = float(d_sample.median())
+    d_dev = (d_sample - d_med).abs()
+    d_mad = float(d_dev.median())
+    # as per dimension: a MAD of 0 (most rows at the same distance) falls back to the mean absolute deviation
+    spread = _MAD_TO_SD * d_mad if d_mad > 0 else _MEANAD_TO_SD * float(d_dev.mean())
+    threshold = d_med + float(c) * spread
+    parts = []
+    for start in range(0, idx.shape[0], _CHUNK):  # float64 copies of at most _CHUNK rows at a time
+        rows_t = torch.as_tensor(idx[start : start + _CHUNK], device=T.device)
+        block = T[rows_t].to(torch.float64)
+        if not bool(torch.isfinite(block).all()):
+            raise InputDataError("embeddings contain NaN or inf in the rows checked")
+        parts.append(_distances(block, med, scale, used).cpu().numpy())
+    dist_np = np.concatenate(parts) if parts else np.zeros(0)
+    flagged = dist_np > threshold
+    return OutlierReport(
+        rows=idx,
+        distances=dist_np,
+        flagged=flagged,
+        threshold=threshold,
+        median=d_med,
+        mad=d_mad,
+        c=float(c),
+        n_sample=int(S.shape[0]),
+    )

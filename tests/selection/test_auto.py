@@ -1,0 +1,192 @@
+"""The ``auto`` strategy: reproducible rounds, exploration picks, the bandit moving towards the arm whose
+rounds pay, the validation-gains evidence line, cold arms, and the history's validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from selection import STRATEGIES, ParameterError, select
+from selection.auto import COLD_ARMS, WARM_ARMS, bandit, check_history
+
+
+def pool(n: int = 300, d: int = 5, k: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    W = rng.normal(size=(d, k))
+    logits = X @ W
+    P = np.exp(logits - logits.max(1, keepdims=True))
+    return X, P / P.sum(1, keepdims=True), logits.argmax(1)
+
+
+def a_round(
+    arm: str, q: dict[str, float], hits: list[bool], *, val: float | None = None, n: int | None = None
+) -> dict[str, Any]:
+    """A labeled round: two exploration picks (arm random) whose predictions are right where ``hits`` says."""
+    m = len(hits)
+    return {
+        "arm": arm,
+        "arms": [arm] * (m - 2) + ["random"] * 2,
+        "picks": list(range(m)),
+        "labels": [1] * m,
+        "predictions": [1 if h else 0 for h in hits],
+        "probabilities": q,
+        "validation": val,
+        "n_labels": n,
+    }
+
+
+def test_registered_for_both_tasks_model_optional() -> None:
+    info = STRATEGIES["auto"]
+    assert info.tasks == ("classification", "regression")
+    assert info.inputs == ("embeddings",)
+    assert set(info.params) == {"history", "explore", "gamma", "cold"}
+
+
+def test_same_seed_same_round_and_explore_share() -> None:
+    X, P, _ = pool()
+    a = select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=4)
+    b = select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=4)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    d = a.diagnostics["auto"]
+    assert d == b.diagnostics["auto"]
+    assert d["cold"] is False and d["arms_in_play"] == list(WARM_ARMS["classification"])
+    assert d["probabilities"] == pytest.approx(dict.fromkeys(WARM_ARMS["classification"], 0.25))
+    arms = d["round"]["arms"]
+    assert len(arms) == 10 and d["round"]["picks"] == a.indices.tolist()
+    if d["arm"] != "random":
+        assert d["explore"] == 1 and arms == [d["arm"]] * 9 + ["random"]
+    # predictions at selection time are the model's argmax on the picks
+    assert d["round"]["predictions"] == P[a.indices].argmax(1).tolist()
+    assert not set(a.indices) & set(range(20))
+
+
+def test_every_warm_arm_is_drawn_over_seeds() -> None:
+    X, P, _ = pool()
+    seen = {
+        select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=5, seed=s).diagnostics["auto"]["arm"]
+        for s in range(40)
+    }
+    assert seen == set(WARM_ARMS["classification"])
+
+
+def test_cold_pool_uses_model_free_arms() -> None:
+    X, _, _ = pool()
+    for task in ("classification", "regression"):
+        r = select("auto", embeddings=X, batch_size=8, seed=2, task=task)
+        d = r.diagnostics["auto"]
+        assert d["cold"] is True and d["arms_in_play"] == list(COLD_ARMS) and d["arm"] in COLD_ARMS
+        assert d["round"]["predictions"] == [None] * 8
+
+
+def test_warm_classification_without_probs_is_refused() -> None:
+    X, _, _ = pool()
+    with pytest.raises(ParameterError, match="needs probs"):
+        select("auto", embeddings=X, labeled=np.arange(30), batch_size=5, cold=False)
+
+
+def test_bandit_moves_towards_the_arm_whose_model_is_accurate() -> None:
+    q = dict.fromkeys(WARM_ARMS["classification"], 0.25)
+    rounds = []
+    for t in range(12):
+        arm = ("bait", "margin")[t % 2]
+        # the model trained after a bait round is right on the next round's uniform picks; after margin, wrong
+        after_bait = t > 0 and rounds[-1]["arm"] == "bait"
+        rounds.append(a_round(arm, q, [True] * 8 + [after_bait] * 2))
+    dist, ev = bandit(check_history(rounds), WARM_ARMS["classification"], 0.2, "classification")
+    assert ev.mode == "importance_weighted_accuracy" and len(ev.rewards) == 11 and ev.biased == 0
+    # margin earned reward 0, like the arms never played: only their exploration bonus
+    assert dist["bait"] > dist["badge"] == pytest.approx(dist["margin"]) == pytest.approx(dist["random"])
+    assert sum(dist.values()) == pytest.approx(1.0)
+    assert min(dist.values()) >= 0.2 / 4 - 1e-12  # gamma / K floor
+
+
+def test_validation_gains_give_the_dashboard_line() -> None:
+    q = dict.fromkeys(WARM_ARMS["classification"], 0.25)
+    # bait rounds add 4 points per 100 labels (20 labels -> +0.8 points), random rounds 1 point
+    rounds, v, n = [], 0.50, 40
+    for arm in ["bait", "random", "bait", "random", "bait", "bait", "random"]:
+        rounds.append(a_round(arm, q, [True] * 10, val=v, n=n))
+        v += 0.008 if arm == "bait" else 0.002
+        n += 20
+    X, P, _ = pool()
+    r = select("auto", embeddings=X, probs=P, labeled=np.arange(40), batch_size=10, seed=0, history=rounds)
+    d = r.diagnostics["auto"]
+    ev = d["evidence"]
+    assert ev["mode"] == "validation" and ev["rounds"] == 7 and ev["rounds_scored"] == 6
+    assert ev["per_arm"]["bait"]["gain_per_100_labels"] == pytest.approx(4.0)
+    assert ev["per_arm"]["random"]["gain_per_100_labels"] == pytest.approx(1.0)
+    if d["arm"] == "bait":
+        assert d["summary"] == "bait chosen: +3.0 points of validation accuracy per 100 labels over random, 4 round(s)"
+    else:
+        assert d["summary"].startswith(f"{d['arm']} chosen:")
+    assert d["probabilities"]["bait"] > d["probabilities"]["random"]
+
+
+def test_history_from_diagnostics_round_trips() -> None:
+    X, P, y = pool()
+    labeled = np.arange(20)
+    hist: list[dict[str, Any]] = []
+    for t in range(4):
+        r = select("auto", embeddings=X, probs=P, labeled=labeled, batch_size=10, seed=t, history=hist)
+        rd = r.diagnostics["auto"]["round"]
+        rd["labels"] = [int(y[i]) for i in rd["picks"]]
+        hist.append(rd)
+        labeled = np.concatenate([labeled, r.indices])
+    assert r.diagnostics["auto"]["evidence"]["rounds_scored"] == 2  # rewards arrive one round late
+
+
+@pytest.mark.parametrize(
+    ("history", "match"),
+    [
+        ("bait", "must be a list of rounds"),
+        ([1], r"history\[0\] must be an object"),
+        ([{"arm": "bait"}], r"history\[0\] lacks arms, picks, labels, probabilities"),
+        ([{**a_round("bait", {"bait": 1.0}, [True] * 4), "colour": 1}], "unknown key"),
+        ([a_round("nonsense", {"bait": 1.0}, [True] * 4)], "not an arm of auto"),
+        ([{**a_round("bait", {"bait": 1.0}, [True] * 4), "labels": [1, 2]}], "has 2 entries but the round has 4 picks"),
+        ([{**a_round("bait", {"bait": 1.0}, [True] * 4), "arms": ["bait", "x", "bait", "bait"]}], "unknown arm"),
+        ([a_round("bait", {"bait": 0.5}, [True] * 4)], "must sum to 1"),
+        ([a_round("bait", {"margin": 1.0}, [True] * 4)], "lacks the round's arm"),
+        ([a_round("bait", {"bait": 1.5}, [True] * 4)], r"must be in \(0, 1\]"),
+        ([{**a_round("bait", {"bait": 1.0}, [True] * 4), "picks": [-1, 0, 1, 2]}], "non-negative row indices"),
+        ([{**a_round("bait", {"bait": 1.0}, [True] * 4), "labels": [{}, 1, 1, 1]}], r"labels\[0\]"),
+        ([{**a_round("bait", {"bait": 1.0}, [True] * 4), "validation": "high"}], "validation must be"),
+    ],
+)
+def test_malformed_history_is_a_parameter_error(history: Any, match: str) -> None:
+    X, P, _ = pool()
+    with pytest.raises(ParameterError, match=match):
+        select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=5, history=history)
+
+
+@pytest.mark.parametrize(("param", "value"), [("explore", 1.5), ("gamma", 0), ("explore", True), ("cold", "yes")])
+def test_bad_parameters(param: str, value: Any) -> None:
+    X, P, _ = pool()
+    with pytest.raises(ParameterError, match=param):
+        select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=5, **{param: value})
+
+
+def test_regression_warm_arms() -> None:
+    X, _, _ = pool()
+    r = select("auto", embeddings=X, labeled=np.arange(10), batch_size=6, seed=1, task="regression")
+    d = r.diagnostics["auto"]
+    assert d["cold"] is False and d["arms_in_play"] == ["bait", "random"]
+
+
+def test_cold_rounds_without_validation_do_not_block_validation_evidence() -> None:
+    cold_q = dict.fromkeys(COLD_ARMS, 1 / 3)
+    warm_q = dict.fromkeys(WARM_ARMS["classification"], 0.25)
+    rounds = [a_round("typiclust", cold_q, [True] * 6), a_round("typiclust", cold_q, [True] * 6)]
+    rounds[0]["predictions"] = rounds[1]["predictions"] = [None] * 6  # no model while cold
+    rounds += [
+        a_round("bait", warm_q, [True] * 6, val=0.6, n=20),
+        a_round("margin", warm_q, [True] * 6, val=0.7, n=30),
+        a_round("bait", warm_q, [True] * 6, val=0.7, n=40),
+    ]
+    _, ev = bandit(check_history(rounds), WARM_ARMS["classification"], 0.2, "classification")
+    assert ev.mode == "validation"
+    assert [(t, a) for t, a, _ in ev.rewards] == [(2, "bait"), (3, "margin")]
+    assert ev.gains == [("bait", pytest.approx(100.0)), ("margin", pytest.approx(0.0))]
