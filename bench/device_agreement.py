@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import selection.bait as bait_module
+import selection.bait.engine as bait_engine
 from selection import select
 from selection.bait import DEFAULT_LAM, design_weights
 from selection.fisher import exact_objective
@@ -123,7 +123,7 @@ def main() -> None:
     if not rows:
         sys.exit(f"no rows matched; choose from {[r.name for r in ROWS]}")
     has_cuda = torch.cuda.is_available()
-    default_chunk = bait_module._STEP_CHUNK_BYTES_CUDA
+    default_chunk = bait_engine._STEP_CHUNK_BYTES_CUDA
     gpu = torch.cuda.get_device_name(0) if has_cuda else "none"
     print(f"machine: {platform.node()} | {os.cpu_count()} CPUs | load {os.getloadavg()[0]:.2f} | GPU: {gpu}")
     print(f"torch {torch.__version__} | CPU threads {torch.get_num_threads()}")
@@ -142,9 +142,9 @@ def main() -> None:
         for device, dtype, mb in variants:
             label = f"{device} {dtype}" + (f" {mb} MiB" if mb is not None else "")
             if mb is not None:
-                bait_module._STEP_CHUNK_BYTES_CUDA = mb * 2**20
+                bait_engine._STEP_CHUNK_BYTES_CUDA = mb * 2**20
             else:
-                bait_module._STEP_CHUNK_BYTES_CUDA = default_chunk
+                bait_engine._STEP_CHUNK_BYTES_CUDA = default_chunk
             if device == "cuda" and not has_cuda:
                 print(f"{row.name:16} | {label:22} | {'skipped: no CUDA device':>8}")
                 continue

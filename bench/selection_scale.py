@@ -102,9 +102,10 @@ ROWS: list[Row] = [
         },
         gap=True,
     ),
-    # The exact greedy step, previous update (BAIT_STEP=legacy: torch.bmm) against the current one
-    # (numpy matmul for the batched small products), alternating; B = 20 (40 forward steps) keeps each
-    # run short, the per-step time is the figure.
+    # The exact greedy step (the compiled kernel) on 1 and 2 worker threads (BAIT_THREADS), alternating:
+    # the same picks (each chunk is computed as it would be serially), and what the second thread buys.
+    # B = 20 (40 forward steps) keeps each run short, the per-step time is the figure. (Until issue 25
+    # this row compared the previous torch.bmm update, BAIT_STEP=legacy, which the library no longer has.)
     Row(
         "n100k-step",
         100_000,
@@ -113,10 +114,10 @@ ROWS: list[Row] = [
         20,
         temp=3.0,
         variants={
-            "legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
-            "new step": {"approx": "exact"},
-            "legacy step again": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}},
-            "new step again": {"approx": "exact"},
+            "1 thread": {"approx": "exact", "_env": {"BAIT_THREADS": "1"}},
+            "2 threads": {"approx": "exact", "_env": {"BAIT_THREADS": "2"}},
+            "1 thread again": {"approx": "exact", "_env": {"BAIT_THREADS": "1"}},
+            "2 threads again": {"approx": "exact", "_env": {"BAIT_THREADS": "2"}},
         },
     ),
     # Issue 29: an uncertain 100-class head (softmax of logits with std 2: mean top-1 ~0.26), the plain
@@ -199,7 +200,10 @@ ROWS: list[Row] = [
         temp=3.0,
         n_labeled=10,
         dtype="float64",
-        variants={"legacy step": {"approx": "exact", "_env": {"BAIT_STEP": "legacy"}}, "new step": {"approx": "exact"}},
+        variants={
+            "1 thread": {"approx": "exact", "_env": {"BAIT_THREADS": "1"}},
+            "2 threads": {"approx": "exact", "_env": {"BAIT_THREADS": "2"}},
+        },
         smoke=True,
     ),
 ]
@@ -462,7 +466,7 @@ def run_row(row: Row, seed: int) -> dict[str, Any]:
         )
     for label, all_params in row.variants.items():
         params = {k: v for k, v in all_params.items() if k != "_env"}
-        env = all_params.get("_env", {})  # environment set for this run only (BAIT_STEP=legacy)
+        env = all_params.get("_env", {})  # environment set for this run only (BAIT_THREADS)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:

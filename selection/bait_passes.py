@@ -16,12 +16,12 @@ BAIT on a pool that no single process holds runs in three steps (the orchestrati
 Equality with single-process BAIT (:func:`selection.bait.bait` with a pre-filter ``{"top": N, "random": M}``):
 
 * The score stratum is the same: the ``N`` candidates of largest score
-  (:func:`selection.scale.prefilter_scores`), ties to the lowest item id, as the single-process stable sort over
+  (:func:`selection.bait.approx.prefilter_scores`), ties to the lowest item id, as the single-process stable sort over
   rows in id order keeps them.
 * The random stratum is drawn by item id, not by a permutation of row positions: every candidate draws the key
   :func:`item_keys` ``(seed, item id)`` and the stratum is the ``M`` candidates outside the score stratum of
   smallest key. It is a uniform sample without replacement of the other candidates, the same whatever the shard
-  layout and whichever worker runs which shard, but not the sample :func:`selection.scale.prefilter_candidates`
+  layout and whichever worker runs which shard, but not the sample :func:`selection.bait.approx.prefilter_candidates`
   draws with the same seed. Everything else (the stratified Fisher weights ``(n_C - N) / M``, the greedy) is
   the single-process code on the same rows, so with ``M = 0``, or with every candidate kept, the picks are
   the single-process picks.
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from selection.bait.approx import Prefilter, prefilter_scores
 from selection.errors import ParameterError
 from selection.fisher import kron_sum, reduced_rank
 from selection.heads import TrainedHead, predict
-from selection.scale import Prefilter, prefilter_scores
 from selection.validation import check_probs
 
 Tensor = torch.Tensor

@@ -1,6 +1,6 @@
 """Rates of the BAIT cost model on the machine it runs on: a quick microbenchmark, cached per process.
 
-The auto plan (:func:`selection.bait._plan`) turns multiply-add counts into seconds with four rates:
+The auto plan (:func:`selection.bait.plan._plan`) turns multiply-add counts into seconds with four rates:
 
 * ``gemm``: multiply-adds per second of pool-sized GEMMs in the pool dtype (the setup's ``F``, ``g``,
   ``h`` and the greedy step's ``[U~ | R^]^T X^T``), run the way the engine runs them (on CPU: one

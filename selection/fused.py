@@ -197,7 +197,7 @@ def fused_step(
 
     Args:
         t: ``(r * 2 * rc) x (tiles * lanes)``: ``[U~ | R^]^T X^T`` for the tiles' candidates, row index
-            ``(a, W/Z, col)`` as :meth:`selection.bait._Bait._rank_update` lays out its blocks.
+            ``(a, W/Z, col)`` as :meth:`selection.bait.engine._Bait._rank_update` lays out its blocks.
         et: ``tiles x rc x r x lanes`` transposed class factors ``E^T``.
         g: ``tiles x rc x rc x lanes``, updated in place.
         h: ``tiles x rc x rc x lanes`` holding ``h~`` (``h = h~ + h~^T``), updated in place.

@@ -20,6 +20,15 @@ import torch
 from distributed import Client, get_worker
 
 from selection.bait import DEFAULT_TIME_BUDGET_S, estimate_bytes
+from selection.bait.approx import Prefilter, parse_prefilter
+from selection.bait.plan import (
+    PREFILTER_MIN_CANDIDATES,
+    PREFILTER_MIN_KEEP,
+    PREFILTER_TOP_FRACTION,
+    estimate_phases,
+    estimate_seconds,
+)
+from selection.bait.threads import resolve_threads
 from selection.bait_passes import (
     Kept,
     ShardRows,
@@ -33,16 +42,6 @@ from selection.bait_passes import (
 )
 from selection.calibrate import machine_rates
 from selection.heads import load_checkpoint
-from selection.scale import (
-    PREFILTER_MIN_CANDIDATES,
-    PREFILTER_MIN_KEEP,
-    PREFILTER_TOP_FRACTION,
-    Prefilter,
-    default_threads,
-    estimate_phases,
-    estimate_seconds,
-    parse_prefilter,
-)
 from worker import pool_store
 from worker.distributed import TASK_RETRIES, Check, Progress, wait_all
 
@@ -297,10 +296,10 @@ def plan(
 
     An explicit ``prefilter`` is used as given; ``"none"`` or ``approx`` ``"exact"``/``"none"`` keep every
     candidate; ``"auto"`` keeps every candidate when the single-process auto plan would not pre-filter on the
-    cluster's behalf (``n_C`` at most :data:`selection.scale.PREFILTER_MIN_CANDIDATES`, or exact BAIT on every
+    cluster's behalf (``n_C`` at most :data:`selection.bait.plan.PREFILTER_MIN_CANDIDATES`, or exact BAIT on every
     candidate fits the budgets by the cost model), else the largest of the plan's free halvings ``n_C / 2,
-    n_C / 4, ...`` (down to :data:`selection.scale.PREFILTER_MIN_KEEP`) whose exact greedy fits them, split as the
-    plan splits it (:data:`selection.scale.PREFILTER_TOP_FRACTION` by score).
+    n_C / 4, ...`` (down to :data:`selection.bait.plan.PREFILTER_MIN_KEEP`) whose exact greedy fits them, split as the
+    plan splits it (:data:`selection.bait.plan.PREFILTER_TOP_FRACTION` by score).
     """
     spec = parse_prefilter(params.get("prefilter"), regression=task == "regression")
     budget_s = float(params.get("time_budget_s", DEFAULT_TIME_BUDGET_S))
@@ -315,8 +314,8 @@ def plan(
         ladder = keep_ladder(n_cand, PREFILTER_MIN_CANDIDATES, PREFILTER_MIN_KEEP)
         pf, why = None, "every candidate (the auto plan pre-filters no pool this small)"
         if len(ladder) > 1:
-            threads = default_threads()
-            rates = machine_rates(dev, torch.float32, threads if dev.type == "cpu" else 1)
+            threads = resolve_threads(dev)  # 1 off CPU
+            rates = machine_rates(dev, torch.float32, threads)
             fits = []
             for keep in ladder:
                 n_fwd = min(keep, max(batch_size, math.floor(oversample * batch_size + 1e-9)))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import selection
+from selection.bait.approx import Prefilter, prefilter_candidates
 from selection.bait_passes import (
     Kept,
     add_fisher,
@@ -24,7 +25,6 @@ from selection.bait_passes import (
 from selection.errors import ParameterError
 from selection.fisher import exact_objective, kron_sum
 from selection.heads import HeadConfig, TrainedHead, train_head
-from selection.scale import Prefilter, prefilter_candidates
 
 F64 = torch.float64
 LAYOUTS = ([600], [150, 150, 150, 150], [1, 200, 9, 390], [70] * 9)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from selection import bait as bait_module
 from selection import calibrate, select
-from selection.scale import estimate_phases
+from selection.bait import driver, engine
+from selection.bait.plan import estimate_phases
 
 CPU = torch.device("cpu")
 F64 = torch.float64
@@ -136,18 +136,18 @@ def test_plan_fits_setup_and_greedy_in_what_is_left_after_the_rates(
     estimate (setup included) fits it whenever some plan does, and it runs real greedy steps."""
     monkeypatch.setenv("BAIT_RATES", "table")
     clock = [0.0]
-    monkeypatch.setattr(bait_module, "_CLOCK", lambda: clock[0])
-    real_rates = bait_module.machine_rates
+    monkeypatch.setattr(engine, "_CLOCK", lambda: clock[0])
+    real_rates = driver.machine_rates
 
     def slow_rates(*a: Any, **k: Any) -> calibrate.Rates:
         clock[0] += 0.3 * budget
         return real_rates(*a, **k)
 
-    monkeypatch.setattr(bait_module, "machine_rates", slow_rates)
+    monkeypatch.setattr(driver, "machine_rates", slow_rates)
     x, p = _flat(0, 1500, 32, 100)
     out = select("bait", embeddings=x, probs=p, labeled=np.arange(200), batch_size=10, time_budget_s=budget)
     info = out.diagnostics["approximation"]
-    left = budget - 0.3 * budget - min(bait_module.PLAN_RESERVE_S, bait_module.PLAN_RESERVE_FRACTION * budget)
+    left = budget - 0.3 * budget - min(driver.PLAN_RESERVE_S, driver.PLAN_RESERVE_FRACTION * budget)
     assert info["calibration_seconds"] == pytest.approx(0.3 * budget)
     assert info["planned_budget_seconds"] == pytest.approx(max(1e-3, left), rel=1e-3)
     assert 0 < info["estimated_setup_seconds"] < info["estimated_seconds"]

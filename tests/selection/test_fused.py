@@ -1,9 +1,11 @@
-"""The compiled forward step (selection/fused.py) against the numpy step it replaces.
+"""The compiled forward step (selection/fused.py) against the engine's chunked step and the naive implementation.
 
-The kernel must give the same ``g``, ``h~`` and scores as ``_update_rows_numpy`` followed by
-``trace_solve_scores`` (float64 to rounding), keep padding lanes inert, give NaN where ``I + g`` is not
-positive definite, and leave the forward pass's picks unchanged (same picks as ``BAIT_STEP=numpy``
-and the naive implementation in float64).
+The kernel must give the same ``g``, ``h~`` and scores as the chunked step's CPU update
+(``_update_rows_numpy``, which the engine keeps for log det mode and the backward pass on ``P`` and ``Q``)
+followed by ``trace_solve_scores`` (float64 to rounding), keep padding lanes inert, give NaN where
+``I + g`` is not positive definite, and leave the forward pass's picks unchanged: the same picks as the
+engine's chunked step (the path of the CUDA device, run here on CPU by turning the kernel off for the
+call) and as the naive implementation in float64.
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from selection import bait as bait_module
 from selection import fused
-from selection.bait import _update_rows_numpy, bait
+from selection.bait import bait, engine
+from selection.bait.engine import _update_rows_numpy
 from selection.linalg import trace_solve_scores
 from tests.selection.naive_bait import naive_bait
 from tests.selection.test_bait import Case, make_data, make_problem
+
+
+def _chunked_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Later calls run the forward steps through the engine's chunked step instead of the kernel."""
+    monkeypatch.setattr(engine._Bait, "_runs_fused", lambda self, st, half_h: False)
 
 
 def _random_state(
@@ -112,11 +119,11 @@ def test_tile_layout_round_trips() -> None:
 
 @pytest.mark.parametrize("k", [3, 10])
 @pytest.mark.parametrize("chunk", [64, 4096])
-def test_forward_picks_equal_the_numpy_step_and_naive(k: int, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forward_picks_equal_the_chunked_step_and_naive(k: int, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     case = Case(seed=11 + k, n=700, d=6, k=k, batch=12, n_labeled=8, lam=0.05)
     data = make_data(case)
     out = bait(make_problem(data, case.batch, chunk_size=chunk), lam=case.lam)
-    monkeypatch.setenv("BAIT_STEP", "numpy")
+    _chunked_step(monkeypatch)
     ref_step = bait(make_problem(data, case.batch, chunk_size=chunk), lam=case.lam)
     ref = naive_bait(data.x, data.probs, data.labeled, data.reserved, case.batch, lam=case.lam)
     assert out.diagnostics["forward_indices"] == ref_step.diagnostics["forward_indices"] == ref.forward
@@ -132,12 +139,12 @@ def test_deferred_updates_pick_what_naive_picks(
     # 2B (r + 1) < 2 D and 2 (2B) r <= D: the forward pass defers P's and Q's updates. The backward pass
     # reads them in the picks' span, or (span=False, as when 2B r >= D) folds them into P and Q first.
     if not span:
-        monkeypatch.setattr(bait_module, "_span_backward", lambda span_cols, big_d: False)
+        monkeypatch.setattr(engine, "_span_backward", lambda span_cols, big_d: False)
     case = Case(seed=5 + k + n_labeled, n=400, d=d, k=k, batch=6, n_labeled=n_labeled, lam=0.05)
     data = make_data(case)
     out = bait(make_problem(data, case.batch), lam=case.lam)
     assert out.diagnostics["pq_updates"] == "deferred"
-    monkeypatch.setenv("BAIT_STEP", "numpy")
+    _chunked_step(monkeypatch)
     ref_step = bait(make_problem(data, case.batch), lam=case.lam)
     assert ref_step.diagnostics["pq_updates"] == "in place"
     ref = naive_bait(data.x, data.probs, data.labeled, data.reserved, case.batch, lam=case.lam)

@@ -1,6 +1,6 @@
 """Many classes: the top-c + sampled-rest class factor, the calibrated rates, and the auto plan's guard.
 
-The guard is tested with a fake clock (``selection.bait._CLOCK``) that advances a fixed amount per
+The guard is tested with a fake clock (``selection.bait.engine._CLOCK``) that advances a fixed amount per
 reading, so "time" is a count of the engine's clock readings and no test depends on the machine's speed.
 """
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from selection import ParameterError, calibrate, select
-from selection import bait as bait_module
+from selection.bait import engine
+from selection.bait.approx import class_fisher_kept, sampled_class_factor, topc_class_factor
 from selection.linalg import helmert_basis, reduced_class_factor
-from selection.scale import class_fisher_kept, sampled_class_factor, topc_class_factor
 
 F64 = torch.float64
 
@@ -193,7 +193,7 @@ def table_rates(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_flat_many_class_head_gets_a_class_approximation_that_says_what_it_gave_up(
     table_rates: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bait_module, "_CLOCK", lambda: 0.0)
+    monkeypatch.setattr(engine, "_CLOCK", lambda: 0.0)
     x, p = _data(6, 400, 8, 40, scale_=1.0)  # flat head: the mass rule keeps (almost) every class
     kw: dict[str, Any] = {"embeddings": x, "probs": p, "labeled": list(range(0, 400, 40)), "batch_size": 5}
     exact = select("bait", **kw, approx="exact")
@@ -215,7 +215,7 @@ def test_guard_returns_a_valid_batch_when_time_runs_out(
     """Every clock reading costs ``tick`` s against a 10 s budget: the passes stop early, the batch
     is completed and still has B distinct candidates, and the diagnostics say what happened."""
     clock = _FakeClock(tick)
-    monkeypatch.setattr(bait_module, "_CLOCK", clock)
+    monkeypatch.setattr(engine, "_CLOCK", clock)
     x, p = _data(7, 300, 5, 6, scale_=2.0)
     labeled = [1, 2, 3]
     out = select("bait", embeddings=x, probs=p, labeled=labeled, batch_size=8, time_budget_s=10.0)
@@ -242,7 +242,7 @@ def test_guard_prunes_at_once_when_the_backward_pass_runs_late(
     kw: dict[str, Any] = {"embeddings": x, "probs": p, "labeled": [0, 1], "batch_size": 6}
     ref = select("bait", **kw, approx="exact")
     state = {"now": 0.0, "phase": "forward"}
-    real_backward = bait_module._Bait.backward
+    real_backward = engine._Bait.backward
 
     def clock() -> float:
         state["now"] += 20.0 if state["phase"] == "backward" else 1e-6
@@ -252,8 +252,8 @@ def test_guard_prunes_at_once_when_the_backward_pass_runs_late(
         state["phase"] = "backward"
         return real_backward(self, *args, **kwargs)
 
-    monkeypatch.setattr(bait_module, "_CLOCK", clock)
-    monkeypatch.setattr(bait_module._Bait, "backward", backward)
+    monkeypatch.setattr(engine, "_CLOCK", clock)
+    monkeypatch.setattr(engine._Bait, "backward", backward)
     out = select("bait", **kw, time_budget_s=30.0)
     deadline = out.diagnostics["deadline"]
     assert "forward_stopped_at" not in deadline and deadline["removed_at_once"] >= 1
@@ -264,7 +264,7 @@ def test_guard_prunes_at_once_when_the_backward_pass_runs_late(
 
 
 def test_forced_plans_have_no_guard(table_rates: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bait_module, "_CLOCK", _FakeClock(100.0))
+    monkeypatch.setattr(engine, "_CLOCK", _FakeClock(100.0))
     x, p = _data(9, 200, 4, 5, scale_=2.0)
     out = select("bait", embeddings=x, probs=p, batch_size=5, approx="exact", time_budget_s=1.0)
     assert "deadline" not in out.diagnostics and out.diagnostics["steps"]["forward"] == 10

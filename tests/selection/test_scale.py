@@ -1,4 +1,5 @@
-"""BAIT at scale (selection/scale.py): top-c classes, pre-filtering, and the auto plan of the cost model.
+"""BAIT at scale (selection/bait/approx.py, selection/bait/plan.py): top-c classes, pre-filtering, and the auto plan
+of the cost model.
 
 The approximate objective of a top-c run is checked against an explicit ``kd x kd`` computation that
 shares no code with the engine; the ``c = k - 1`` and keep-everything pre-filter limits must give the
@@ -13,11 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from selection import MemoryBudgetError, ParameterError, scale, select
-from selection import bait as bait_module
-from selection.bait import design_weights
+from selection import MemoryBudgetError, ParameterError, select
+from selection.bait import approx as bait_approx
+from selection.bait import design_weights, driver, engine, plan
+from selection.bait.approx import auto_classes, topc_class_factor
+from selection.bait.plan import estimate_seconds
 from selection.linalg import helmert_basis, reduced_class_factor
-from selection.scale import auto_classes, estimate_seconds, topc_class_factor
+from tests.selection.naive_bait import naive_bait
 
 F64 = torch.float64
 
@@ -28,7 +31,7 @@ def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     time budgets must not depend on how fast (or loaded) the machine is today, nor see the guard cut the
     greedy passes because it is slower than the estimate."""
     monkeypatch.setenv("BAIT_RATES", "table")
-    monkeypatch.setattr(bait_module, "_CLOCK", lambda: 0.0)
+    monkeypatch.setattr(engine, "_CLOCK", lambda: 0.0)
 
 
 @pytest.fixture
@@ -36,9 +39,9 @@ def no_fixed_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     """No fixed seconds in the estimates (per setup, per Python op) and no planning reserve: the tests
     that place a budget between two plans' estimates at toy sizes pin the knobs' order, which the
     fixed costs (the same for every plan) would otherwise swamp."""
-    monkeypatch.setattr(scale, "SETUP_FIXED_S", 0.0)
-    monkeypatch.setattr(scale, "SETUP_OP_S", 0.0)
-    monkeypatch.setattr(bait_module, "PLAN_RESERVE_FRACTION", 0.0)
+    monkeypatch.setattr(plan, "SETUP_FIXED_S", 0.0)
+    monkeypatch.setattr(plan, "SETUP_OP_S", 0.0)
+    monkeypatch.setattr(driver, "PLAN_RESERVE_FRACTION", 0.0)
 
 
 def _probs(rng: np.random.Generator, n: int, k: int, scale_: float) -> np.ndarray:
@@ -98,11 +101,11 @@ def test_auto_classes_follows_the_probability_mass() -> None:
     peaked = torch.as_tensor(_probs(rng, 500, 50, 12.0))
     flat = torch.as_tensor(_probs(rng, 500, 50, 0.1))
     for lam in (1.0, 0.01):
-        limit = scale.rest_mass_limit(lam)
+        limit = bait_approx.rest_mass_limit(lam)
         c_peaked = auto_classes(peaked, lam=lam)
         assert c_peaked < 49
-        assert scale.rest_mass(peaked, c_peaked) <= limit
-        assert c_peaked == 1 or scale.rest_mass(peaked, c_peaked - 1) > limit
+        assert bait_approx.rest_mass(peaked, c_peaked) <= limit
+        assert c_peaked == 1 or bait_approx.rest_mass(peaked, c_peaked - 1) > limit
         assert auto_classes(flat, lam=lam) == 49
     assert auto_classes(peaked, lam=0.01) > auto_classes(peaked, lam=1.0)
 
@@ -168,7 +171,7 @@ def test_topc_auto_classes_close_to_exact_on_peaked_probabilities() -> None:
     approx = select("bait", embeddings=x, probs=p, labeled=labeled, batch_size=10, approx="topc")
     c = approx.diagnostics["approximation"]["classes"]
     assert c < 11
-    assert approx.diagnostics["approx_rest_mass"] <= scale.rest_mass_limit(0.01)
+    assert approx.diagnostics["approx_rest_mass"] <= bait_approx.rest_mass_limit(0.01)
     assert approx.objective is not None and exact.objective is not None
     gap = approx.objective / exact.objective - 1
     assert gap <= 0.02, gap
@@ -208,7 +211,7 @@ def test_auto_plan_over_every_budget_and_forced_exact() -> None:
     # The fastest plan: the smallest projection and the smallest class rank (3 top classes + 1 sampled
     # pseudo-label; before the sampled approximation existed it was pca+topc), forward only.
     assert "no plan fits the time budget" in info["reason"] and info["kind"] == "pca+sampled", info
-    assert info["pca_dim"] == 8 and info["classes"] + info["samples"] == min(bait_module.SAMPLED_RANKS)
+    assert info["pca_dim"] == 8 and info["classes"] + info["samples"] == min(plan.SAMPLED_RANKS)
     assert info["oversample"] == 1.0
     # The guard stopped the greedy passes at once: the batch is the initial scores' top 5, and says so.
     assert out.diagnostics["deadline"]["forward_stopped_at"] == 0 and out.diagnostics["deadline"]["filled"] == 5
@@ -253,7 +256,7 @@ def test_auto_plan_picks_the_first_approximation_that_fits(frozen_clock: None, n
     assert "exact needs" in info["reason"]
     assert out.diagnostics["objective_kind"] == "exact"
     # Under a memory budget that exact misses, the plan projects (PCA) and says so.
-    mem = bait_module.estimate_bytes(n_cand=300, d=16, r=9, matrix_dtype=F64, state_dtype=F64, mode="fisher", rc=c_auto)
+    mem = plan.estimate_bytes(n_cand=300, d=16, r=9, matrix_dtype=F64, state_dtype=F64, mode="fisher", rc=c_auto)
     out = select("bait", **kw, max_memory_gb=0.6 * mem / 1e9)
     info = out.diagnostics["approximation"]
     assert info["kind"] == "pca+topc" and info["pca_dim"] == 8 and info["classes"] == c_auto, info
@@ -287,7 +290,7 @@ def test_prefilter_records_its_strata_and_is_seeded(score: str) -> None:
     assert a.diagnostics["objective_kind"] == "exact"
     assert "prefiltered_objective" in a.diagnostics
     # Every pick is a top-scored or a random-stratum candidate, never a labeled row.
-    scores = scale.prefilter_scores(torch.as_tensor(x), torch.as_tensor(p), score, 64)
+    scores = bait_approx.prefilter_scores(torch.as_tensor(x), torch.as_tensor(p), score, 64)
     cand = np.setdiff1d(np.arange(400), labeled)
     top = set(cand[np.argsort(-scores.numpy()[cand], kind="stable")[:30]].tolist())
     picked = set(a.indices.tolist())
@@ -295,11 +298,11 @@ def test_prefilter_records_its_strata_and_is_seeded(score: str) -> None:
     # The random stratum depends on the seed (and only a few picks can be random ones).
     gen_rows = [
         set(
-            scale.prefilter_candidates(
+            bait_approx.prefilter_candidates(
                 torch.as_tensor(x),
                 torch.as_tensor(p),
                 torch.as_tensor(cand),
-                scale.Prefilter(30, 20, score),
+                bait_approx.Prefilter(30, 20, score),
                 seed=s,
                 chunk_size=64,
             )[1].tolist()
@@ -323,8 +326,8 @@ def test_prefilter_gap_against_exact_is_small() -> None:
 def test_auto_prefilter_above_the_named_pool_size(
     monkeypatch: pytest.MonkeyPatch, frozen_clock: None, no_fixed_costs: None
 ) -> None:
-    monkeypatch.setattr(bait_module, "PREFILTER_MIN_CANDIDATES", 500)
-    monkeypatch.setattr(scale, "PREFILTER_MIN_KEEP", 200)
+    monkeypatch.setattr(plan, "PREFILTER_MIN_CANDIDATES", 500)
+    monkeypatch.setattr(plan, "PREFILTER_MIN_KEEP", 200)
     x, p = _data(14, 1000, 6, 4)
     kw: dict[str, Any] = {"embeddings": x, "probs": p, "batch_size": 5}
     exact = select("bait", **kw, approx="exact")
@@ -389,20 +392,20 @@ def test_class_options_need_classification() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# The exact step: numpy batched products against the previous torch.bmm update (BAIT_STEP=legacy)
+# The exact step (the compiled kernel, small chunks) against the naive implementation, float64
 # --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("k", "lam"), [(4, 0.01), (7, 1.0)])
-def test_step_update_gives_the_legacy_picks(monkeypatch: pytest.MonkeyPatch, k: int, lam: float) -> None:
+def test_exact_step_gives_the_naive_picks(k: int, lam: float) -> None:
     x, p = _data(20 + k, 300, 6, k, scale_=2.0)
-    kw: dict[str, Any] = {"embeddings": x, "probs": p, "labeled": [0, 4, 8, 100], "batch_size": 12, "lam": lam}
-    new = select("bait", **kw, approx="exact", chunk_size=64)
-    monkeypatch.setenv("BAIT_STEP", "legacy")
-    old = select("bait", **kw, approx="exact", chunk_size=64)
-    assert new.indices.tolist() == old.indices.tolist()
-    assert new.diagnostics["forward_indices"] == old.diagnostics["forward_indices"]
-    assert new.objective == pytest.approx(old.objective, rel=1e-10)
+    labeled = [0, 4, 8, 100]
+    kw: dict[str, Any] = {"embeddings": x, "probs": p, "labeled": labeled, "batch_size": 12, "lam": lam}
+    out = select("bait", **kw, approx="exact", chunk_size=64, dtype="float64")
+    ref = naive_bait(x, p, labeled, [], 12, lam=lam)
+    assert out.indices.tolist() == ref.indices
+    assert out.diagnostics["forward_indices"] == ref.forward
+    assert out.objective == pytest.approx(ref.objective, rel=1e-8)
 
 
 def test_auto_plan_prefers_no_projection_within_the_slack(
@@ -412,7 +415,7 @@ def test_auto_plan_prefers_no_projection_within_the_slack(
 
     Forward only (oversample=1), as in test_auto_plan_picks_the_first_approximation_that_fits, and top-c
     by the mass rule as the only class approximation (no sampled ranks, which would fit the budget)."""
-    monkeypatch.setattr(bait_module, "SAMPLED_RANKS", ())
+    monkeypatch.setattr(plan, "SAMPLED_RANKS", ())
     x, p = _data(10, 300, 16, 10, scale_=6.0)
     c_auto = auto_classes(torch.as_tensor(p), lam=0.01)
     secs = {
@@ -431,8 +434,8 @@ def test_auto_plan_prefers_no_projection_within_the_slack(
         )
         for c in (None, c_auto)
     }
-    budget = secs[c_auto] / (0.5 * (1 + bait_module.PCA_TIME_SLACK))  # top-c over it, within the slack
-    assert secs[None] > bait_module.PCA_TIME_SLACK * budget  # exact is not
+    budget = secs[c_auto] / (0.5 * (1 + plan.PCA_TIME_SLACK))  # top-c over it, within the slack
+    assert secs[None] > plan.PCA_TIME_SLACK * budget  # exact is not
     out = select("bait", embeddings=x, probs=p, batch_size=5, oversample=1, time_budget_s=budget)
     info = out.diagnostics["approximation"]
     assert info["kind"] == "topc" and "pca_dim" not in info, info
@@ -444,6 +447,6 @@ def test_auto_plan_prefers_no_projection_within_the_slack(
         probs=p,
         batch_size=5,
         oversample=1,
-        time_budget_s=secs[c_auto] / (2 * bait_module.PCA_TIME_SLACK),
+        time_budget_s=secs[c_auto] / (2 * plan.PCA_TIME_SLACK),
     )
     assert "pca_dim" in out.diagnostics["approximation"]

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 import selection
-from selection import bait
+from selection.bait import threads as bait_threads
 from service.config import Settings
 from tests.worker.factories import make_pool
 from worker import threads
@@ -45,7 +45,7 @@ def test_torch_threads_rejects_zero() -> None:
 def test_bait_select_leaves_the_callers_threads_alone(two_threads: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # The exact engine runs its chunk workers with torch at 1 thread; it used to leave the caller at 1 (the
     # BLAS limit's restore reset the OpenMP pool after torch's count had been restored).
-    monkeypatch.setattr(bait, "THREADS", 2)
+    monkeypatch.setattr(bait_threads, "THREADS", 2)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 6))
     P = rng.dirichlet(np.ones(3), 300)

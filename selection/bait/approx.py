@@ -1,4 +1,5 @@
-"""BAIT at scale: top-``c`` class truncation, candidate pre-filtering, and the cost model that picks them.
+"""The approximations a BAIT plan can use: top-``c`` class factors (plus sampled pseudo-labels) and
+candidate pre-filtering. :mod:`selection.bait.plan` decides when; the engine and driver apply them.
 
 **Top-c classes.** For a row with softmax ``p``, keep its ``c`` most probable classes ``T`` and merge the
 others into one "rest" class of mass ``p_rest``. The Fisher of that coarser observation is
@@ -18,51 +19,26 @@ embedding ``||p - e_yhat|| ||x||``, or the smallest margin ``p_1 - p_2``) plus `
 uniformly (seeded) from the rest; run BAIT on them. ``F`` is then estimated from the rows kept
 (stratified: design and top rows count once, each random row ``(n_C - N) / M`` times), an unbiased
 estimate of the pool sum.
-
-**Cost model.** :func:`estimate_phases` counts multiply-adds (and bytes, for streaming work) of the
-structured engine's setup, forward and backward steps and divides by the rates of this machine
-(:func:`selection.calibrate.machine_rates`: a microbenchmark per device, dtype and thread count, cached
-per process; ``BAIT_RATES=table`` for the committed table); memory is :func:`selection.bait.estimate_bytes`.
-``approx=None`` ("auto") keeps exact BAIT whenever it fits the time and memory budgets, and otherwise
-runs the plan of smallest estimated gap that fits, over pre-filtering, PCA dimensions, class
-approximations (top-``c``; top-``c`` plus sampled pseudo-labels, :func:`sampled_class_factor`) and
-forward-only picking (docs/algorithm-many-classes.md). The plan, what it gave up and its estimate are
-recorded in the diagnostics.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from selection.calibrate import Rates, machine_rates, small_flops
 from selection.errors import ParameterError
 from selection.linalg import helmert_basis, reduced_class_factor
 
 Tensor = torch.Tensor
 
-#: Auto pre-filtering is considered only for more candidates than this.
-PREFILTER_MIN_CANDIDATES = 50_000
-#: Auto pre-filtering keeps at least this many candidates (top + random).
-PREFILTER_MIN_KEEP = 10_000
-#: Fraction of the kept candidates taken by score under auto pre-filtering (the rest is random).
-PREFILTER_TOP_FRACTION = 0.75
 #: Auto top-c keeps the smallest ``c`` whose mean probability mass left in the "rest" class is at most
 #: ``min(TOPC_REST_MASS, TOPC_REST_PER_LAM * lam)``. The merged classes' Fisher competes with the ridge
 #: ``lam``: on 12- and 20-class synthetic pools at lam = 0.01 (tests/selection/test_scale.py) a rest mass
 #: of 0.01 left objective gaps of 2-8 %, 0.002 left 0.1-1.7 %.
 TOPC_REST_MASS = 0.01
 TOPC_REST_PER_LAM = 0.2
-#: Seconds per Python-level torch op of the setup (block rows, block copies) and fixed seconds of a
-#: setup (thread pools, class factors, small allocations), on the 2-core benchmark machine.
-SETUP_OP_S = 3e-5
-SETUP_FIXED_S = 0.02
-#: Smallest PCA dimension the auto ladder goes down to.
-PCA_MIN_DIM = 8
 PREFILTER_SCORES = ("gradnorm", "margin")
 
 
@@ -103,25 +79,6 @@ def topc_class_factor(probs: Tensor, c: int, *, dtype: torch.dtype) -> Tensor:
     oz = torch.where((p_rest > 0)[:, None], oz, torch.zeros_like(oz))
     otj = torch.cat([basis[top_i].transpose(1, 2), oz[:, :, None]], 2)  # m x r x (c+1)
     return otj @ (helmert_basis(c + 1, dtype=dtype, device=dev) @ small)  # m x r x c
-
-
-@dataclass(frozen=True)
-class ClassApprox:
-    """How each candidate's class Fisher is approximated: its ``top`` classes kept exactly, the others
-    merged into one "rest" class, plus ``sampled`` pseudo-labels drawn from the rest (``0``: plain top-c).
-
-    The factor has ``top + sampled`` columns (the per-candidate rank ``rc`` of the engine).
-    """
-
-    top: int
-    sampled: int = 0
-
-    @property
-    def rank(self) -> int:
-        return self.top + self.sampled
-
-    def describe(self) -> dict[str, Any]:
-        return {"top": self.top, "sampled": self.sampled}
 
 
 def sampled_class_factor(probs: Tensor, top: int, sampled: int, *, dtype: torch.dtype, seed: int) -> Tensor:
@@ -181,12 +138,14 @@ def sampled_class_factor(probs: Tensor, top: int, sampled: int, *, dtype: torch.
 
 def class_fisher_kept(probs: Tensor, top: int, *, sample: int = 4096) -> float:
     """Mean fraction of the class Fisher's trace that top-``top`` coarse-graining keeps exactly
-    (``tr C~ / tr C``, rows with ``tr C > 0``; ``top = 0``: 0). The rest is what sampling estimates."""
+    (``tr C~ / tr C``, rows with ``tr C > 0``; ``top = 0``: 0). The rest is what sampling estimates.
+
+    ``probs`` is ``(m, k)``; the mean is over a subsample of at most about ``sample`` rows."""
     return class_fisher_kept_many(probs, [top], sample=sample)[top]
 
 
 def class_fisher_kept_many(probs: Tensor, tops: list[int], *, sample: int = 4096) -> dict[int, float]:
-    """:func:`class_fisher_kept` for several ``top`` at once (one sort of a row subsample)."""
+    """:func:`class_fisher_kept` for several ``top`` at once (one sort of a row subsample of ``probs``, ``(m, k)``)."""
     k = int(probs.shape[1])
     p = probs[:: max(1, probs.shape[0] // sample)].to(torch.float64)
     srt = torch.sort(p, dim=1, descending=True).values
@@ -213,7 +172,7 @@ def class_fisher_kept_many(probs: Tensor, tops: list[int], *, sample: int = 4096
 
 
 def rest_mass(probs: Tensor, c: int) -> float:
-    """Mean probability mass outside each row's top ``c`` classes."""
+    """Mean probability mass outside each row's top ``c`` classes (``probs`` ``(m, k)``)."""
     return float(1.0 - torch.topk(probs.to(torch.float64), c, dim=1).values.sum(1).mean())
 
 
@@ -223,7 +182,9 @@ def rest_mass_limit(lam: float) -> float:
 
 
 def auto_classes(probs: Tensor, *, lam: float = 1.0, sample: int = 20_000) -> int:
-    """Smallest ``c`` whose mean rest mass is at most :func:`rest_mass_limit` (``k - 1`` if none is)."""
+    """Smallest ``c`` whose mean rest mass is at most :func:`rest_mass_limit` (``k - 1`` if none is).
+
+    ``probs`` is ``(m, k)``; the mean is over a subsample of at most about ``sample`` rows."""
     limit = rest_mass_limit(lam)
     k = int(probs.shape[1])
     p = probs[:: max(1, probs.shape[0] // sample)].to(torch.float64)
@@ -290,7 +251,8 @@ def parse_prefilter(spec: Any, *, regression: bool) -> Prefilter | str | None:
 
 
 def prefilter_scores(x: Tensor, probs: Tensor | None, kind: str, chunk_size: int) -> Tensor:
-    """Cheap per-row scores, larger = more worth keeping (float64, ``m``)."""
+    """Cheap per-row scores, larger = more worth keeping: ``(m,)`` float64 for ``x`` ``(m, d)`` and
+    ``probs`` ``(m, k)`` or ``None`` (regression: the norm of ``x``), in chunks of ``chunk_size`` rows."""
     out = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     for lo in range(0, x.shape[0], chunk_size):
         hi = min(x.shape[0], lo + chunk_size)
@@ -313,6 +275,14 @@ def prefilter_candidates(
 ) -> tuple[Tensor, Tensor, float]:
     """Rows kept by the pre-filter.
 
+    Args:
+        x: ``(n, d)`` pool embeddings.
+        probs: ``(n, k)`` probabilities or ``None``.
+        candidates: ``(n_C,)`` candidate pool rows.
+        spec: the pre-filter.
+        seed: the draw's seed when ``spec.seed`` is ``None``.
+        chunk_size: rows per chunk of the scores.
+
     Returns:
         ``(top_rows, random_rows, random_weight)``: sorted pool rows of each stratum and the weight
         ``(n_C - N) / M`` of a random row in the stratified Fisher estimate.
@@ -332,172 +302,3 @@ def prefilter_candidates(
     rand_pos = rest_pos[pick]
     weight = (n_c - n_top) / n_rand if n_rand > 0 else 0.0
     return torch.sort(candidates[top_pos]).values, torch.sort(candidates[rand_pos]).values, weight
-
-
-# --------------------------------------------------------------------------------------------------
-# Cost model
-# --------------------------------------------------------------------------------------------------
-
-
-def default_threads() -> int:
-    """Worker threads the engine uses on CPU when nothing overrides them (``selection.bait.resolve_threads``)."""
-    env = os.environ.get("BAIT_THREADS", "").strip()
-    if env.isdigit():
-        return max(1, int(env))
-    return max(torch.get_num_threads(), min(2, os.cpu_count() or 1))
-
-
-def estimate_phases(
-    *,
-    n_rows: int,
-    n_cand: int,
-    d: int,
-    r: int,
-    rc: int,
-    n_forward: int,
-    n_backward: int,
-    n_design: int,
-    mode: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    pca_from: int | None = None,
-    n_pool: int | None = None,
-    objective: bool = False,
-    threads: int | None = None,
-    rates: Rates | None = None,
-) -> dict[str, float]:
-    """Estimated seconds per phase of the structured engine: multiply-add counts over measured rates.
-
-    Args:
-        n_rows: rows of the pool Fisher (all rows, or the design plus kept rows when pre-filtered).
-        n_cand: candidates.
-        d: embedding dimension the engine sees (after any projection).
-        r: reduced class count (``k - 1``, 1 for regression).
-        rc: columns of each candidate's factor (``c + s`` under a class approximation, else ``r``).
-        n_forward: forward steps.
-        n_backward: backward steps.
-        n_design: labeled + reserved rows.
-        mode: ``"fisher"``, ``"identity"`` or ``"logdet"``.
-        device: where it runs.
-        dtype: dtype of the pool-sized work.
-        pca_from: original dimension when projecting (adds the PCA pass over ``n_pool`` rows).
-        n_pool: rows of the whole pool (default ``n_rows``).
-        objective: add the exact objective of the final set over the whole pool (approximate plans).
-        threads: worker threads on CPU (default :func:`default_threads`).
-        rates: the rates (default :func:`selection.calibrate.machine_rates` of the device, dtype, threads).
-
-    Returns:
-        ``{"setup", "forward", "backward", "objective"}`` seconds.
-    """
-    n_threads = default_threads() if threads is None else max(1, threads)
-    if device.type != "cpu":
-        n_threads = 1
-    rt = rates if rates is not None else machine_rates(device, dtype, n_threads)
-    gemm = rt.gemm
-    small = rt.small(rc)
-    mat = rt.matrix
-    n_pool = n_rows if n_pool is None else n_pool
-    big_d = r * d
-    half = big_d * big_d * (r + 1) / (2 * r)  # quadratic forms over the upper block triangle
-    itemsize = torch.finfo(dtype).bits // 8 if r > 1 else 8
-    # Rows whose r x r blocks of x x^T the setup forms: F's (n_rows), M_0's (the design, dense path),
-    # h's and (dense P_0) g's (n_cand each).
-    setup = 0.0
-    kron_rows = 0
-    if mode == "fisher":
-        setup += n_rows * half  # F
-        kron_rows += n_rows
-    if mode != "logdet":
-        setup += n_cand * half  # h
-        kron_rows += n_cand
-    big = 0.0  # D^3 work of the setup (float64, on the calling thread)
-    if n_design > 0:
-        m_prime = n_design * r
-        if 2 * m_prime < big_d:
-            setup += big_d * big_d * m_prime * 2 + n_cand * (n_design * d + n_design**2 * r * (r + 1) / 2)
-        else:
-            # M_0 over the design rows, its Cholesky (D^3/3), inverse (2 D^3/3) and Q_0 = P_0 F P_0
-            # (two D x D GEMMs, 2 D^3).
-            setup += n_design * half
-            kron_rows += n_design
-            big += (3 if mode == "fisher" else 1) * big_d**3
-            g_dense = half <= n_design * d + n_design**2 * r * (r + 1) / 2
-            setup += n_cand * (half if g_dense else n_design * d + n_design**2 * r * (r + 1) / 2)
-            kron_rows += n_cand if g_dense else 0
-    if pca_from is not None:
-        setup += n_pool * pca_from * (pca_from + d)
-    # E^T G E for g and h: batched small products (r x r by r x rc), at a quarter of the GEMM rate.
-    setup_small = n_cand * 2 * (r * r * rc + r * rc * rc) * (1 if mode == "logdet" else 2)
-    # The block forms are bound by memory at small d: per row, r(r+1)/2 blocks of d values are written,
-    # read, multiplied and reduced (~4 passes; d = 8, k = 100: 10x the GEMM time at the measured rates).
-    setup_bytes = kron_rows * (r * (r + 1) / 2) * d * 4 * itemsize + 3 * big_d * big_d * 8
-    # Python-level ops: r block rows per cache-sized sub-block of rows (F, h, g), r^2/2 block copies.
-    sub_blocks = math.ceil(kron_rows * big_d * itemsize / 2**24) + 3
-    setup_ops = r * sub_blocks + r * r / 2
-    setup_s = setup / gemm + big / rt.dense_rate + 4 * setup_small / gemm + setup_bytes / rt.stream
-    setup_s = (setup_s + setup_ops * SETUP_OP_S + SETUP_FIXED_S) * rt.setup_factor
-    cols = 2 if mode != "logdet" else 1
-    mb = 8.0  # D x D matrices in float64 when they fit (the usual case)
-    step_gemm = n_cand * d * r * cols * rc
-    step_small = n_cand * small_flops(r, rc, cols)
-    # D x D work of a step: block matvecs of P (and Q), one streaming read each, and the rank-rc (P)
-    # and rank-2rc (Q) corrections.
-    step_mats = cols * big_d * big_d * mb / rt.stream + (1 + 2 * (cols - 1)) * big_d * big_d * rc / mat
-    step_fixed = 1e-3  # per-step Python and thread hand-offs
-    per_step = step_gemm / gemm + step_small / small + step_mats + step_fixed
-    if r == 1:
-        # Rank one (regression, binary): a step is a GEMV over the candidates' rows and a few float64
-        # vector passes, bound by memory, not multiply-adds (10^6 x 64 float32: ~70 ms a step at load 4).
-        per_step = n_cand * (d * (torch.finfo(dtype).bits // 8) + 6 * 8) / rt.stream + step_mats + step_fixed
-    per_step *= rt.greedy_factor
-    fwd = n_forward * per_step
-    bwd = 0.0
-    if n_backward > 0:
-        m = n_forward
-        span = m * rc
-        if span < big_d and mode != "logdet":
-            # Pruning in the picks' span: two Gram matrices, then 3 span^2 rc per removal.
-            bwd = 2 * (big_d * big_d * m + big_d * m * span) / gemm + n_backward * (3 * span * span * rc / mat)
-        else:
-            bwd = n_backward * (m * (d * r * cols * rc + small_flops(r, rc, cols)) / small + step_mats)
-        bwd += n_backward * step_fixed
-    obj = 0.0
-    if objective:
-        obj = n_pool * half / gemm + 2 * big_d**3 / mat
-    return {"setup": setup_s, "forward": fwd, "backward": bwd, "objective": obj}
-
-
-def estimate_seconds(**kwargs: Any) -> float:
-    """Total of :func:`estimate_phases` (same arguments)."""
-    return float(sum(estimate_phases(**kwargs).values()))
-
-
-def ladder_dims(d: int) -> list[int]:
-    """PCA dimensions the auto plan tries, largest first: ``d/2, d/4, ...`` down to :data:`PCA_MIN_DIM`."""
-    out = []
-    dim = d // 2
-    while dim >= PCA_MIN_DIM:
-        out.append(dim)
-        dim //= 2
-    if not out and d > 1:
-        out.append(max(1, d // 2))
-    return out
-
-
-def ladder_prefilter(n_cand: int) -> list[int]:
-    """Kept-candidate counts the auto plan tries: ``n_C/2, n_C/4, ...`` down to :data:`PREFILTER_MIN_KEEP`."""
-    out = []
-    keep = n_cand // 2
-    while keep >= PREFILTER_MIN_KEEP:
-        out.append(keep)
-        keep //= 2
-    if not out or out[-1] > PREFILTER_MIN_KEEP:
-        out.append(min(PREFILTER_MIN_KEEP, n_cand))
-    return out
-
-
-def check_time_budget(value: Any) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise ParameterError(f"time_budget_s must be a finite number > 0, got {value!r}")
-    return float(value)
