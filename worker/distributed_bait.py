@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,102 @@ def _tree(client: Client, leaves: list[Any], run: str) -> tuple[Any, int]:
     return level[0], tasks
 
 
+@dataclass
+class _PassLog:
+    """What the passes of one batch did: seconds per stage, bytes read per stage, tasks per stage, workers used."""
+
+    timings: dict[str, float] = field(default_factory=dict)
+    bytes_read: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, int] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+
+    def stage(self, name: str, results: list[dict[str, Any]], n_tasks: int) -> None:
+        self.timings[f"{name}_read_sum"] = float(sum(r["read_s"] for r in results))
+        self.timings[f"{name}_pass_sum"] = float(sum(r["pass_s"] for r in results))
+        self.bytes_read[name] = int(sum(int(r["bytes"]) for r in results))
+        self.tasks[name] = n_tasks
+        self.used.update(str(r["worker"]) for r in results)
+
+
+def _scores_pass(
+    client: Client,
+    manifest: pool_store.Manifest,
+    inputs: tuple[Any, Any],
+    seed: int,
+    prefilter: Prefilter,
+    fisher: bool,
+    run: str,
+    log: _PassLog,
+    wait: Callable[[list[Any], Progress | None], list[Any]],
+    progress: Progress | None,
+) -> tuple[Kept, np.ndarray | None]:
+    """The scores pass over every shard (with the pool Fisher's tree reduction when ``fisher``), merged."""
+    t0 = time.perf_counter()
+    excluded_f, head_f = inputs
+    spec = {"top": prefilter.top, "random": prefilter.random, "score": prefilter.score, "seed": prefilter.seed}
+    futures = [
+        client.submit(
+            scores_task,
+            shard.path,
+            excluded_f,
+            head_f,
+            spec,
+            seed,
+            fisher,
+            key=f"bait-scores-{run}-{i:05d}",
+            retries=TASK_RETRIES,
+            pure=False,
+        )
+        for i, shard in enumerate(manifest.shards)
+    ]
+    summaries = [client.submit(summary_of, f, key=f"bait-summary-{run}-{i:05d}") for i, f in enumerate(futures)]
+    root, n_adds = None, 0
+    if fisher:
+        leaves = [client.submit(fisher_of, f, key=f"bait-leaf-{run}-{i:05d}") for i, f in enumerate(futures)]
+        root, n_adds = _tree(client, leaves, run)
+    results = wait(summaries, progress)
+    log.timings["scores"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    fisher_sum = None if root is None else np.asarray(wait([root], None)[0])
+    log.timings["fisher_reduce_wait"] = time.perf_counter() - t
+    del futures, summaries, root
+    t = time.perf_counter()
+    kept = merge_scores([r["part"] for r in results], prefilter)
+    log.timings["merge"] = time.perf_counter() - t
+    log.stage("scores", results, len(manifest.shards))
+    log.tasks["fisher_reduce"] = n_adds
+    return kept, fisher_sum
+
+
+def _gather_pass(
+    client: Client,
+    manifest: pool_store.Manifest,
+    wanted: np.ndarray | None,
+    head_f: Any,
+    run: str,
+    log: _PassLog,
+    wait: Callable[[list[Any], Progress | None], list[Any]],
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    """The rows ``wanted`` (item ids; None: every row) with the head's features and probabilities, read by the
+    shards that hold them."""
+    t = time.perf_counter()
+    jobs = []
+    for i, shard in enumerate(manifest.shards):
+        if wanted is None:
+            mine = np.arange(shard.first_id, shard.last_id + 1, dtype=np.int64)  # every row of the shard
+        else:
+            mine = wanted[(wanted >= shard.first_id) & (wanted <= shard.last_id)]
+            if not mine.size:
+                continue
+        key = f"bait-rows-{run}-{i:05d}"
+        jobs.append(client.submit(rows_task, shard.path, mine, head_f, key=key, retries=TASK_RETRIES, pure=False))
+    gathered = wait(jobs, progress)
+    log.timings["gather"] = time.perf_counter() - t
+    log.stage("gather", gathered, len(jobs))
+    return gathered
+
+
 def gather_bait(
     client: Client,
     manifest: pool_store.Manifest,
@@ -169,80 +266,20 @@ def gather_bait(
     excluded = np.ascontiguousarray(excluded, dtype=np.int64)
     excluded_f = client.scatter(excluded, broadcast=True, hash=False)
     head_f = client.scatter(head_blob, broadcast=True, hash=False)
-    timings: dict[str, float] = {}
-    bytes_read: dict[str, int] = {}
-    tasks: dict[str, int] = {}
-    used: set[str] = set()
+    log = _PassLog()
     kept: Kept | None = None
     fisher_sum: np.ndarray | None = None
+
+    def wait(futures: list[Any], report: Progress | None) -> list[Any]:
+        return wait_all(client, futures, check, report, lost_after_s)
+
     try:
+        wanted = None
         if prefilter is not None:
-            spec = {"top": prefilter.top, "random": prefilter.random, "score": prefilter.score, "seed": prefilter.seed}
-            futures = [
-                client.submit(
-                    scores_task,
-                    shard.path,
-                    excluded_f,
-                    head_f,
-                    spec,
-                    seed,
-                    fisher,
-                    key=f"bait-scores-{run}-{i:05d}",
-                    retries=TASK_RETRIES,
-                    pure=False,
-                )
-                for i, shard in enumerate(manifest.shards)
-            ]
-            summaries = [client.submit(summary_of, f, key=f"bait-summary-{run}-{i:05d}") for i, f in enumerate(futures)]
-            root, n_adds = None, 0
-            if fisher:
-                leaves = [client.submit(fisher_of, f, key=f"bait-leaf-{run}-{i:05d}") for i, f in enumerate(futures)]
-                root, n_adds = _tree(client, leaves, run)
-            results = wait_all(client, summaries, check, progress, lost_after_s)
-            timings["scores"] = time.perf_counter() - t0
-            t = time.perf_counter()
-            if root is not None:
-                fisher_sum = np.asarray(wait_all(client, [root], check, None, lost_after_s)[0])
-            timings["fisher_reduce_wait"] = time.perf_counter() - t
-            del futures, summaries, root
-            t = time.perf_counter()
-            kept = merge_scores([r["part"] for r in results], prefilter)
-            timings["merge"] = time.perf_counter() - t
-            timings["scores_read_sum"] = float(sum(r["read_s"] for r in results))
-            timings["scores_pass_sum"] = float(sum(r["pass_s"] for r in results))
-            bytes_read["scores"] = int(sum(int(r["bytes"]) for r in results))
-            tasks.update(scores=len(manifest.shards), fisher_reduce=n_adds)
-            used.update(str(r["worker"]) for r in results)
+            inputs = (excluded_f, head_f)
+            kept, fisher_sum = _scores_pass(client, manifest, inputs, seed, prefilter, fisher, run, log, wait, progress)
             wanted = np.union1d(excluded, kept.ids)
-        else:
-            wanted = None
-        t = time.perf_counter()
-        jobs = []
-        for i, shard in enumerate(manifest.shards):
-            if wanted is None:
-                mine = np.arange(shard.first_id, shard.last_id + 1, dtype=np.int64)  # every row of the shard
-            else:
-                mine = wanted[(wanted >= shard.first_id) & (wanted <= shard.last_id)]
-                if not mine.size:
-                    continue
-            jobs.append(
-                client.submit(
-                    rows_task,
-                    shard.path,
-                    mine,
-                    head_f,
-                    key=f"bait-rows-{run}-{i:05d}",
-                    retries=TASK_RETRIES,
-                    pure=False,
-                )
-            )
-        gathered = wait_all(client, jobs, check, progress, lost_after_s)
-        timings["gather"] = time.perf_counter() - t
-        timings["gather_read_sum"] = float(sum(r["read_s"] for r in gathered))
-        timings["gather_pass_sum"] = float(sum(r["pass_s"] for r in gathered))
-        bytes_read["gather"] = int(sum(int(r["bytes"]) for r in gathered))
-        tasks["gather"] = len(jobs)
-        used.update(str(r["worker"]) for r in gathered)
+        gathered = _gather_pass(client, manifest, wanted, head_f, run, log, wait, progress)
     finally:
         excluded_f.release()
         head_f.release()
@@ -255,15 +292,15 @@ def gather_bait(
     diagnostics = {
         "engine": "dask",
         "workers": len(client.scheduler_info(n_workers=-1).get("workers", {})),
-        "workers_used": len(used),
-        "tasks": sum(tasks.values()),
-        "tasks_per_stage": tasks,
+        "workers_used": len(log.used),
+        "tasks": sum(log.tasks.values()),
+        "tasks_per_stage": log.tasks,
         "task_retries": TASK_RETRIES,
         "store_version": manifest.version,
         "rows": manifest.rows,
         "rows_gathered": int(ids.shape[0]),
-        "bytes_read": {**bytes_read, "shards": int(sum(bytes_read.values()))},
-        "timings": {**timings, "passes": time.perf_counter() - t0},
+        "bytes_read": {**log.bytes_read, "shards": int(sum(log.bytes_read.values()))},
+        "timings": {**log.timings, "passes": time.perf_counter() - t0},
     }
     return Gathered(
         ids=ids[order],
