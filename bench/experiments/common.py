@@ -32,14 +32,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from selection import select
-from selection.heads import HeadConfig, evaluate, predict, train_head
+from selection import SelectionResult, select
+from selection.heads import HeadConfig, TrainedHead, evaluate, predict, train_head
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = REPO_ROOT / "docs" / "results"
@@ -155,6 +155,33 @@ class Setting:
             )
 
 
+@dataclass(frozen=True)
+class RoundState:
+    """What a :class:`RunHook` sees of a round: the run, the round, the labeled rows and the head trained on them."""
+
+    setting: Setting
+    spec: StrategySpec
+    seed: int
+    rnd: int
+    rows: np.ndarray
+    trained: TrainedHead
+
+
+class RunHook(Protocol):
+    """Per-round additions to :func:`run_one` for an experiment that needs more than the test metric (the
+    ``auto`` experiment keeps the bandit's history, scores a validation split and predicts a stop set).
+    A hook that keeps state across rounds persists it itself: a resumed run calls it only for the rounds
+    it computes."""
+
+    def select_params(self, state: RoundState) -> Mapping[str, Any]:
+        """Extra ``select`` parameters of this round (called before selecting, not at the last round)."""
+        ...
+
+    def after_round(self, state: RoundState, result: SelectionResult | None) -> None:
+        """Called once the round is computed (``result`` None at the last round), before its row is stored."""
+        ...
+
+
 def initial_labels(n: int, m0: int, seed: int) -> np.ndarray:
     """``m0`` distinct pool rows drawn from ``seed`` alone (the same for every strategy), sorted."""
     rng = np.random.default_rng([seed, 0x1AB])
@@ -182,6 +209,7 @@ def run_one(
     store: ResultStore,
     *,
     on_round: Callable[[], None] | None = None,
+    hook: RunHook | None = None,
 ) -> None:
     """Run (or resume) one active-learning run, writing a row per round to ``store``.
 
@@ -191,6 +219,7 @@ def run_one(
         seed: the run's seed (initial labels, head initialisations, strategy randomness).
         store: where finished rounds are read from and new ones appended.
         on_round: called after every round that is computed or skipped (progress bars).
+        hook: per-round additions (:class:`RunHook`), called for the rounds computed.
     """
     split = setting.split
     n = split.X_pool.shape[0]
@@ -225,6 +254,8 @@ def run_one(
         value = float(scores["accuracy"] if split.task == "classification" else scores["rmse"])
         t1 = time.perf_counter()
         picked: list[int] = []
+        state = RoundState(setting, spec, int(seed), rnd, rows, trained) if hook is not None else None
+        result: SelectionResult | None = None
         if rnd < setting.rounds:
             if spec.inputs == "pool":
                 embeddings, probs = split.X_pool, None
@@ -242,10 +273,13 @@ def run_one(
                 task=split.task,
                 seed=rs,
                 **dict(spec.params),
+                **(dict(hook.select_params(state)) if hook is not None and state is not None else {}),
             )
             picked = [int(i) for i in result.indices]
             store.add_picks(base, rnd, picked)
         t2 = time.perf_counter()
+        if hook is not None and state is not None:
+            hook.after_round(state, result)
         store.add_row(
             {
                 "experiment": setting.experiment,
@@ -277,10 +311,12 @@ def run_grid(
     *,
     desc: str = "rounds",
     quiet: bool = False,
+    hooks: Mapping[str, RunHook] | None = None,
 ) -> None:
     """Every (setting, seed, strategy) run, seeds in the outer loop so partial results stay balanced.
 
     A tqdm bar counts rounds over the whole grid; finished rounds found in ``store`` tick at once.
+    ``hooks``: config name -> the :class:`RunHook` of that setting's runs.
     """
     seeds = list(seeds)
     total = sum((s.rounds + 1) * len(specs) * len(seeds) for s in settings)
@@ -289,7 +325,8 @@ def run_grid(
             for seed in seeds:
                 for spec in specs:
                     bar.set_postfix_str(f"{setting.config} {spec.name} seed={seed}")
-                    run_one(setting, spec, seed, store, on_round=lambda: bar.update(1))
+                    hook = None if hooks is None else hooks.get(setting.config)
+                    run_one(setting, spec, seed, store, on_round=lambda: bar.update(1), hook=hook)
 
 
 # --------------------------------------------------------------------------------------------------
