@@ -237,17 +237,7 @@ def _select_and_store(
                 timings["select"] += time.perf_counter() - t
                 t = time.perf_counter()
                 tracker.stage("store", 0, spec.size)
-                # The batch's view of the pool: the picked rows only (the pool's rows stay in the store);
-                # ``X`` has the store version's row count and no columns, so n_pool reads it.
-                data = PoolArrays(
-                    item_ids=picks.ids,
-                    external_ids=picks.external_ids,
-                    X=np.empty((manifest.rows, 0), dtype=np.float32),
-                    labeled=labeled_ids,
-                    y=np.empty(0),
-                    reserved=reserved_now,
-                    cache={"how": "pool_store", "store": store_how, "version": manifest.version},
-                )
+                data = _store_view(picks.ids, picks.external_ids, manifest, labeled_ids, reserved_now, store_how)
                 result = SelectionResult(
                     indices=np.arange(picks.ids.shape[0], dtype=np.int64),
                     objective=None,
@@ -269,6 +259,27 @@ def _select_and_store(
     raise RuntimeError(
         f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
         "concurrent batches kept taking the chosen items"
+    )
+
+
+def _store_view(
+    ids: np.ndarray,
+    external_ids: list[str],
+    manifest: pool_store.Manifest,
+    labeled_ids: np.ndarray,
+    reserved_now: np.ndarray,
+    store_how: str,
+) -> PoolArrays:
+    """The batch's view of the pool: only the rows the job received (the picks, or the gathered rows; the pool's
+    rows stay in the store). ``X`` has the store version's row count and no columns, so n_pool reads it."""
+    return PoolArrays(
+        item_ids=ids,
+        external_ids=external_ids,
+        X=np.empty((manifest.rows, 0), dtype=np.float32),
+        labeled=labeled_ids,
+        y=np.empty(0),
+        reserved=reserved_now,
+        cache={"how": "pool_store", "store": store_how, "version": manifest.version},
     )
 
 
@@ -349,17 +360,7 @@ def _select_and_store_bait(
                 timings["select"] += time.perf_counter() - t
                 t = time.perf_counter()
                 tracker.stage("store", 0, spec.size)
-                # The batch's view of the pool: the gathered rows (the pool's rows stay in the store); ``X`` has
-                # the store version's row count and no columns, so n_pool reads it.
-                data = PoolArrays(
-                    item_ids=g.ids,
-                    external_ids=g.external_ids,
-                    X=np.empty((manifest.rows, 0), dtype=np.float32),
-                    labeled=labeled_ids,
-                    y=np.empty(0),
-                    reserved=reserved_now,
-                    cache={"how": "pool_store", "store": store_how, "version": manifest.version},
-                )
+                data = _store_view(g.ids, g.external_ids, manifest, labeled_ids, reserved_now, store_how)
                 n_others = int(np.setdiff1d(excluded, labeled_ids).shape[0])
                 _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, chosen)
             return

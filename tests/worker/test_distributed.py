@@ -65,18 +65,39 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _wait_workers(address: str, n: int, timeout: float = 60) -> None:
+def _wait_workers(address: str, n: int, timeout: float = 60, security: Any = None) -> None:
     from distributed import Client
 
-    with Client(address, timeout=30, set_as_default=False) as c:
+    with Client(address, timeout=30, set_as_default=False, security=security) as c:
         c.wait_for_workers(n, timeout=timeout)
 
 
-def start_cluster(tmp: Path, n_workers: int = 2, preload: str | None = None) -> Cluster:
+def start_cluster(
+    tmp: Path,
+    n_workers: int = 2,
+    preload: str | None = None,
+    protocol: str = "tcp",
+    scheduler_args: tuple[str, ...] = (),
+    worker_args: tuple[str, ...] = (),
+    security: Any = None,
+) -> Cluster:
+    """A ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on 127.0.0.1 (``protocol`` tls: pass the
+    certificates in ``scheduler_args``/``worker_args`` and our client's ``security``)."""
     port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
+    address = f"{protocol}://127.0.0.1:{port}"
     scheduler = _start(
-        _dask_cmd("scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"), tmp / "scheduler.log"
+        _dask_cmd(
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--protocol",
+            protocol,
+            "--no-dashboard",
+            *scheduler_args,
+        ),
+        tmp / "scheduler.log",
     )
     workers = [
         _start(
@@ -96,6 +117,7 @@ def start_cluster(tmp: Path, n_workers: int = 2, preload: str | None = None) -> 
                 "--name",
                 f"w{i}",
                 *(["--preload", preload] if preload else []),
+                *worker_args,
             ),
             tmp / f"worker-{i}.log",
         )
@@ -103,7 +125,7 @@ def start_cluster(tmp: Path, n_workers: int = 2, preload: str | None = None) -> 
     ]
     cluster = Cluster(address, scheduler, workers, tmp)
     try:
-        _wait_workers(address, n_workers)
+        _wait_workers(address, n_workers, security=security)
     except BaseException:
         for p in [*workers, scheduler]:
             cluster.stop(p, signal.SIGKILL)

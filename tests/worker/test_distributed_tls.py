@@ -26,9 +26,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.main import create_app
-from tests.e2e.procs import free_port
 from tests.worker.factories import make_pool
-from tests.worker.test_distributed import POOL, Cluster, _batch, _dask_cmd, _local_picks, _settings, _start, _wait
+from tests.worker.test_distributed import POOL, Cluster, _batch, _local_picks, _settings, _wait, start_cluster
 
 
 @dataclass(frozen=True)
@@ -125,64 +124,32 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     )
 
 
-def _tls_args(ca: Pem, own: Pem) -> list[str]:
-    return ["--tls-ca-file", str(ca.cert), "--tls-cert", str(own.cert), "--tls-key", str(own.key)]
+def _tls_args(ca: Pem, own: Pem) -> tuple[str, ...]:
+    return ("--tls-ca-file", str(ca.cert), "--tls-cert", str(own.cert), "--tls-key", str(own.key))
 
 
 @pytest.fixture
 def tls_cluster(pki: Pki, tmp_path: Path) -> Iterator[Cluster]:
     """A TLS-only scheduler and one worker (``tls://``; both require certificates signed by the test CA)."""
-    from distributed import Client
     from distributed.security import Security
 
-    port = free_port()
-    address = f"tls://127.0.0.1:{port}"
-    scheduler = _start(
-        _dask_cmd(
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--protocol",
-            "tls",
-            "--no-dashboard",
-            *_tls_args(pki.ca, pki.scheduler),
-        ),
-        tmp_path / "scheduler.log",
+    security = Security(
+        tls_ca_file=str(pki.ca.cert),
+        tls_client_cert=str(pki.client.cert),
+        tls_client_key=str(pki.client.key),
+        require_encryption=True,
     )
-    worker = _start(
-        _dask_cmd(
-            "worker",
-            address,
-            "--host",
-            "127.0.0.1",
-            "--nthreads",
-            "1",
-            "--memory-limit",
-            "1GB",
-            "--no-dashboard",
-            "--no-nanny",
-            "--name",
-            "w0",
-            *_tls_args(pki.ca, pki.worker),
-        ),
-        tmp_path / "worker-0.log",
+    cluster = start_cluster(
+        tmp_path,
+        n_workers=1,
+        protocol="tls",
+        scheduler_args=_tls_args(pki.ca, pki.scheduler),
+        worker_args=_tls_args(pki.ca, pki.worker),
+        security=security,
     )
-    cluster = Cluster(address, scheduler, [worker], tmp_path)
-    try:
-        security = Security(
-            tls_ca_file=str(pki.ca.cert),
-            tls_client_cert=str(pki.client.cert),
-            tls_client_key=str(pki.client.key),
-            require_encryption=True,
-        )
-        with Client(address, timeout=30, set_as_default=False, security=security) as c:
-            c.wait_for_workers(1, timeout=60)
-        yield cluster
-    finally:
-        for p in [worker, scheduler]:
-            cluster.stop(p, signal.SIGKILL)
+    yield cluster
+    for p in [*cluster.workers, cluster.scheduler]:
+        cluster.stop(p, signal.SIGKILL)
 
 
 def _tls(ca: Pem, own: Pem) -> dict[str, Path]:
