@@ -139,11 +139,23 @@ def _located(file: SourceFile, block: ingest.Block | None, exc: ServiceError) ->
             value = details.get(key)
             named += value if isinstance(value, list) else [value] if value is not None else []
         names = {n.get("id") if isinstance(n, dict) else n for n in named}
-        row = next((block.start + i for i, ext in enumerate(block.ids) if ext in names), None)
+        # error details show long ids cut to 80 characters
+        row = next((block.start + i for i, ext in enumerate(block.ids) if ext in names or ext[:80] in names), None)
         if row is None and isinstance(exc, InvalidEmbedding):
             row = block.start  # a dimension the pool does not have: every row of the block, from its first
     where = f"{file.shown}, row {row}" if row is not None else file.shown
     return ImportFailed(f"{where}: {exc.message}")
+
+
+def _too_large(file: SourceFile, exc: ServiceError, settings: Settings, budget: int, how: str) -> ImportFailed:
+    """A Parquet bomb (or just too much data): the file, what it inflates to, and the import's limit."""
+    details = exc.details if isinstance(exc.details, dict) else {}
+    size = details.get("inflated_bytes")
+    return ImportFailed(
+        f"{file.shown}: the import's files inflate to more than the limit of {settings.import_max_bytes:,} bytes "
+        f"(BAIT_IMPORT_MAX_BYTES, all files together): this file {how} "
+        f"{f'{size:,}' if isinstance(size, int) else 'more'} bytes where {budget:,} were left; import less at once"
+    )
 
 
 @contextmanager
@@ -182,9 +194,7 @@ def _open_all(files: list[SourceFile], root: Path, settings: Settings, tracker: 
                 bulk = _bulk(fh, budget)
             except ServiceError as exc:
                 if exc.code == "payload_too_large":
-                    raise ImportFailed(
-                        f"{source.shown}: {exc.message} (BAIT_IMPORT_MAX_BYTES, all files of the import together)"
-                    ) from None
+                    raise _too_large(source, exc, settings, budget, "declares") from None
                 raise _located(source, None, exc) from None
         rows += bulk.n
         used += bulk.declared
@@ -215,9 +225,7 @@ def _checked_blocks(
                     break
                 except ServiceError as exc:
                     if exc.code == "payload_too_large":
-                        raise ImportFailed(
-                            f"{file.source.shown}: {exc.message} as it decodes (BAIT_IMPORT_MAX_BYTES)"
-                        ) from None
+                        raise _too_large(file.source, exc, settings, file.budget, "decodes to") from None
                     raise _located(file.source, None, exc) from None
                 try:
                     yield items_domain.check_block(pool, block, seen, settings.max_item_data_bytes, data_root)
