@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.db import session_scope
 from service.domain.imports import InvalidSource, open_source_file, resolve_source
-from service.store.models import Item, Pool
+from service.domain.jobs import recover_jobs
+from service.store.attempts import opened, worker_name
+from service.store.models import ImportJob, Item, Pool
 from tests.conftest import RunJobs
 from tests.service.conftest import assert_error, item_rows, make_pool, put_items
 from tests.service.test_security_scopes import key_with
@@ -166,6 +169,38 @@ def test_glob_data_split_and_existing_ids_update_like_the_bulk_upload(
     assert rows["a"].embedding == emb[0].tobytes() and rows["a"].status == "labeled"  # label stays
     assert rows["a"].data == {"text": "hello"} and rows["d"].data == {"n": 3}
     assert rows["b"].split == "validation" and rows["a"].split == "train" and rows["c"].split == "train"
+
+
+def test_an_import_whose_worker_died_is_requeued_and_runs_again(
+    client: TestClient, auth: Auth, db: sessionmaker[Session], run_jobs: RunJobs, acme: Path, settings: Settings
+) -> None:
+    """A dead attempt wrote no item (one transaction at the end): the recovery sweep re-queues it and the
+    next attempt imports everything once."""
+    pool = make_pool(client, auth, embedding_dim=D)
+    dataset(acme / "ds", files=2, rows=20)
+    now = datetime.now(UTC)
+    with session_scope(db) as s:
+        job = ImportJob(
+            pool_id=pool["id"], source=f"file://{acme}/ds/", status="running", progress_stage="validate",
+            attempts=1, attempt_history=opened(None, 1, now - timedelta(seconds=40), worker_name()),
+            created_at=now - timedelta(seconds=60), started_at=now - timedelta(seconds=40),
+            heartbeat_at=now - timedelta(seconds=30),
+        )  # fmt: skip
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    quick = settings.model_copy(update={"job_stale_seconds": 1.0})
+    report = recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
+    assert report.requeued == [job_id]
+
+    def finished() -> bool:
+        return client.get(f"/v1/pools/{pool['id']}/imports/{job_id}", headers=auth).json()["status"] == "succeeded"
+
+    run_jobs(until=finished)
+    out = client.get(f"/v1/pools/{pool['id']}/imports/{job_id}", headers=auth).json()
+    assert out["attempts"] == 2 and out["rows_imported"] == 40
+    assert [a["outcome"] for a in out["attempt_history"]] == ["worker_lost", "succeeded"]
+    assert n_items(db, pool["id"]) == 40
 
 
 # --------------------------------------------------------------------------------------- corrupt datasets
