@@ -1,7 +1,7 @@
 """import jobs: a Parquet dataset registered by reference (POST /v1/pools/{pool}/items:import)
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-11-27 21:00:00
 
 An import reads a dataset the tenant already has under its data folder in a worker, with progress and
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 
 
-revision: str = '0010'
-down_revision: str | None = '0009'
+revision: str = '0011'
+down_revision: str | None = '0010'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
