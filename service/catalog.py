@@ -23,6 +23,8 @@ RUN_SELECT = "worker.select_job.run_select"
 PREDICT = "worker.predict.predict"
 #: Embed a pool's items given by reference (job id = embed job id).
 RUN_EMBED = "worker.embed.run_embed"
+#: Import a Parquet dataset by reference into a pool (job id = import job id).
+RUN_IMPORT = "worker.import_job.run_import"
 #: Send the outgoing webhook deliveries that are due.
 WEBHOOK_SWEEP = "worker.webhooks.sweep"
 #: Annotation platforms: a reconcile run, an annotation event, a train request, a batch pushed again.
@@ -39,6 +41,7 @@ JOBS = (
     RUN_SELECT,
     PREDICT,
     RUN_EMBED,
+    RUN_IMPORT,
     WEBHOOK_SWEEP,
     RECONCILE,
     APPLY_ANNOTATION,

@@ -54,6 +54,24 @@ class Settings(BaseSettings):
         description="bulk uploads are read, validated and written this many bytes of rows at a time (the api's "
         "memory per upload is a few times this, whatever the file's size)",
     )
+    import_max_files: int = Field(
+        default=10_000,
+        ge=1,
+        description="most Parquet files one import by reference (POST .../items:import) may name, by a glob or a "
+        "folder: 400 above it",
+    )
+    import_max_rows: int = Field(
+        default=20_000_000,
+        ge=1,
+        description="most rows one import by reference may hold, by the files' footers: the job fails above it, "
+        "before any row is read",
+    )
+    import_max_bytes: int = Field(
+        default=64 * 2**30,
+        ge=1024,
+        description="largest size the columns an import reads may inflate to, all files together (declared by the "
+        "footers and counted as they decode): the job fails above it",
+    )
     max_select_inflated_bytes: int = Field(
         default=2**30,
         ge=1024,

@@ -12,6 +12,7 @@ from service import web
 from service.api import batches, checkpoints, health, integrations, items, labels, labelstudio_backend, pools, webhooks
 from service.api import embed_jobs as embed_jobs_api
 from service.api import encoders as encoders_api
+from service.api import imports as imports_api
 from service.api import limits as limits_api
 from service.api import quality as quality_api
 from service.api import select as select_api
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, *, check_migrations: bool = Tru
     app.include_router(labelstudio_backend.router)
     app.include_router(encoders_api.router)
     app.include_router(embed_jobs_api.router)
+    app.include_router(imports_api.router)
     app.include_router(quality_api.router)
     app.include_router(limits_api.router)
     web.install(app)

@@ -44,6 +44,9 @@ ROUTE_SCOPES: dict[str, str] = {
     "service.api.items:get_item": READ,
     "service.api.items:upsert_items": SELECT,
     "service.api.items:bulk_upload": SELECT,
+    "service.api.imports:import_items": SELECT,  # import by reference: the bulk upload's scope
+    "service.api.imports:list_imports": READ,
+    "service.api.imports:get_import": READ,
     # validation split and model quality
     "service.api.quality:move_items": SELECT,  # moves items between the train and validation splits
     "service.api.quality:curve": READ,
@@ -113,6 +116,7 @@ EXPENSIVE_ROUTES: frozenset[str] = frozenset(
     {
         "service.api.items:upsert_items",
         "service.api.items:bulk_upload",
+        "service.api.imports:import_items",
         "service.api.batches:create_batch",
         "service.api.checkpoints:predictions",
         "service.api.select:select",

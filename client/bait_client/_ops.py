@@ -35,6 +35,7 @@ from bait_client.models import (
     Delivery,
     EmbedJob,
     Encoder,
+    ImportJob,
     Integration,
     Item,
     ItemPage,
@@ -517,6 +518,33 @@ class Operations:
                 return current
             if time.monotonic() > deadline:
                 raise TimeoutError(f"embed job {current.id} still {current.status} after {timeout:g} s")
+            yield Sleep(poll)
+
+    # ------------------------------------------------------------------ import by reference
+
+    def import_items(self, pool_id: str, source: str) -> Call[ImportJob]:
+        # Not idempotent: a re-sent request would queue a second import (harmless, an upsert, but twice the work).
+        return Call("POST", f"/v1/pools/{pool_id}/items:import", json={"source": source}, parse=_model(ImportJob))
+
+    def get_import(self, pool_id: str, import_id: str) -> Call[ImportJob]:
+        return Call("GET", f"/v1/pools/{pool_id}/imports/{import_id}", parse=_model(ImportJob))
+
+    def imports(self, pool_id: str, *, limit: int = 20) -> Call[list[ImportJob]]:
+        return Call("GET", f"/v1/pools/{pool_id}/imports", params={"limit": limit}, parse=_list(ImportJob, "imports"))
+
+    def wait_import(
+        self, pool_id: str, job: ImportJob | str, *, timeout: float = 3600.0, poll: float = 0.5
+    ) -> Gen[ImportJob]:
+        job_id = _id(job)
+        deadline = time.monotonic() + timeout
+        while True:
+            current: ImportJob = yield self.get_import(pool_id, job_id)
+            if current.done:
+                if current.status != "succeeded":
+                    raise JobFailed(200, f"import_{current.status}", current.error or f"import {current.status}")
+                return current
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"import {current.id} still {current.status} after {timeout:g} s")
             yield Sleep(poll)
 
     # ------------------------------------------------------------------ Label Studio

@@ -22,6 +22,7 @@ from bait_client.models import (
     Delivery,
     EmbedJob,
     Encoder,
+    ImportJob,
     Integration,
     Item,
     LabelHistory,
@@ -295,6 +296,20 @@ class AsyncClient:
         self, pool_id: str, job: EmbedJob | str | None = None, *, timeout: float = 3600.0, poll: float = 0.5
     ) -> EmbedJob:
         return await self._run(self._ops.wait_embed(pool_id, job, timeout=timeout, poll=poll))
+
+    async def import_items(self, pool_id: str, source: str) -> ImportJob:
+        return await self._run(self._ops.import_items(pool_id, source))
+
+    async def get_import(self, pool_id: str, import_id: str) -> ImportJob:
+        return await self._run(self._ops.get_import(pool_id, import_id))
+
+    async def imports(self, pool_id: str, *, limit: int = 20) -> list[ImportJob]:
+        return await self._run(self._ops.imports(pool_id, limit=limit))
+
+    async def wait_import(
+        self, pool_id: str, job: ImportJob | str, *, timeout: float = 3600.0, poll: float = 0.5
+    ) -> ImportJob:
+        return await self._run(self._ops.wait_import(pool_id, job, timeout=timeout, poll=poll))
 
     async def connect_labelstudio(
         self, pool_id: str, url: str, token: str, project_id: int, **options: Any

@@ -22,6 +22,7 @@ from bait_client.models import (
     Delivery,
     EmbedJob,
     Encoder,
+    ImportJob,
     Integration,
     Item,
     LabelHistory,
@@ -382,6 +383,25 @@ class Client:
     ) -> EmbedJob:
         """Poll an embed job (default: the latest) until it is done; raises JobFailed if it failed."""
         return self._run(self._ops.wait_embed(pool_id, job, timeout=timeout, poll=poll))
+
+    def import_items(self, pool_id: str, source: str) -> ImportJob:
+        """Import a Parquet dataset by reference (``file:///...`` under the tenant's data folder: a file, a
+        folder or a glob) as a job; the service reads it, nothing is uploaded. See :meth:`wait_import`."""
+        return self._run(self._ops.import_items(pool_id, source))
+
+    def get_import(self, pool_id: str, import_id: str) -> ImportJob:
+        """One import: status, progress, rows imported, error."""
+        return self._run(self._ops.get_import(pool_id, import_id))
+
+    def imports(self, pool_id: str, *, limit: int = 20) -> list[ImportJob]:
+        """The pool's imports, newest first."""
+        return self._run(self._ops.imports(pool_id, limit=limit))
+
+    def wait_import(
+        self, pool_id: str, job: ImportJob | str, *, timeout: float = 3600.0, poll: float = 0.5
+    ) -> ImportJob:
+        """Poll an import until it is done; raises JobFailed (the file and row named) if it failed."""
+        return self._run(self._ops.wait_import(pool_id, job, timeout=timeout, poll=poll))
 
     def connect_labelstudio(self, pool_id: str, url: str, token: str, project_id: int, **options: Any) -> Integration:
         """Connect a Label Studio project; the answer carries ``ml_backend_url`` (with its secret) once."""

@@ -332,6 +332,29 @@ class EmbedJob(_Model):
         return self.status in ("succeeded", "failed", "cancelled")
 
 
+class ImportJob(_Model):
+    """An import by reference (``POST /v1/pools/{pool}/items:import``): a Parquet dataset under the tenant's
+    data folder, read and written by a worker; its rows appear all at once when it succeeds."""
+
+    id: str
+    pool_id: str
+    source: str
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    progress: Progress = Field(default_factory=Progress)
+    rows_imported: int = 0
+    counts: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    attempts: int = 0
+    attempt_history: list[Attempt] = Field(default_factory=list)
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("succeeded", "failed", "cancelled")
+
+
 class Limits(_Model):
     """The service's size and rate limits (``GET /v1/limits``)."""
 

@@ -76,6 +76,7 @@ class Block:
     ids: list[str]
     embeddings: np.ndarray  # m x d, float32 or float64 (any byte order)
     data: list[str | None] | None  # JSON strings (None: no content), when the file has a data column
+    split: list[str | None] | None = None  # per-row split (None: unchanged), when read from a split column
 
 
 class BulkFile(Protocol):
@@ -260,7 +261,14 @@ class ParquetBulkFile:
     bytes counted as they are read, both against the inflated-size budget."""
 
     def __init__(
-        self, fileobj: IO[bytes], id_col: str, emb_col: str, data_col: str, data_required: bool, budget: int
+        self,
+        fileobj: IO[bytes],
+        id_col: str,
+        emb_col: str,
+        data_col: str,
+        data_required: bool,
+        budget: int,
+        split_col: str | None = None,
     ) -> None:
         try:
             # pre_buffer (pyarrow's default) caches every column chunk read so far: memory grows with the
@@ -276,13 +284,16 @@ class ParquetBulkFile:
                 raise InvalidFile(f"Parquet file has no column {name!r} (columns: {names})", {"missing": name})
         if data_required and data_col not in names:
             raise InvalidFile(f"Parquet file has no column {data_col!r} (columns: {names})")
+        self.split_col = split_col if split_col is not None and split_col in names else None
         self.columns = [id_col, emb_col] + ([data_col] if data_col in names else [])
+        self.columns += [self.split_col] if self.split_col is not None else []
         wanted = {i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] in self.columns}
         declared = sum(
             meta.row_group(g).column(i).total_uncompressed_size for g in range(meta.num_row_groups) for i in wanted
         )
         if declared > budget:
             raise archives.too_large("the Parquet file", declared, budget)
+        self.declared = declared  # uncompressed bytes of the columns read, as the footer states them
         id_type = schema.field(id_col).type
         if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
             raise InvalidFile(f"column {id_col!r} must be strings, got {id_type}")
@@ -295,6 +306,12 @@ class ParquetBulkFile:
             data_type = schema.field(data_col).type
             if not (pa.types.is_string(data_type) or pa.types.is_large_string(data_type)):
                 raise InvalidFile(f"column {data_col!r} must hold JSON strings, got {data_type}")
+        if self.split_col is not None:
+            split_type = schema.field(self.split_col).type
+            if pa.types.is_dictionary(split_type):
+                split_type = split_type.value_type
+            if not (pa.types.is_string(split_type) or pa.types.is_large_string(split_type)):
+                raise InvalidFile(f"column {self.split_col!r} must hold strings (train | validation), got {split_type}")
         self.id_col, self.emb_col = id_col, emb_col
         self.data_col = data_col if data_col in names else None
         self.budget = budget
@@ -340,7 +357,10 @@ class ParquetBulkFile:
                 data = None
                 if self.data_col is not None:
                     data = [v or None for v in batch.column(self.data_col).to_pylist()]
-                yield Block(start, cast(list[str], ids_col.to_pylist()), emb, data)
+                split = None
+                if self.split_col is not None:
+                    split = [v or None for v in batch.column(self.split_col).to_pylist()]
+                yield Block(start, cast(list[str], ids_col.to_pylist()), emb, data, split)
                 start += m
         except (InvalidFile, PayloadTooLarge):
             raise

@@ -9,6 +9,7 @@ import base64
 import binascii
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -150,27 +151,74 @@ def upsert_file(
     now = datetime.now(UTC)
     with items_repo.BulkUpsert(session, pool.id, now) as writer:
         for block in bulk.blocks(block_bytes, pool.embedding_dim):
-            check_ids(block.ids)
-            again = [i for i in block.ids if i in seen]
-            if again:
-                raise DuplicateId(
-                    f"ids must be unique within a request; repeated: {again[:_SHOWN]} (first seen before row "
-                    f"{block.start} of the file)",
-                    {"duplicates": again[:_SHOWN]},
-                )
-            seen.update(block.ids)
-            with np.errstate(over="ignore"):
-                emb32 = check_embeddings(pool, block.ids, block.embeddings)
-            datas = (
-                item_data.parse_json_strings(block.ids, block.data, max_data_bytes, data_root) if block.data else None
-            )
-            writer.write(block.ids, emb32)
-            if split is not None:
-                ids = list(items_repo.internal_ids(session, pool.id, block.ids).values())
-                quality_repo.set_split(session, pool.id, ids, split, now)
-            if datas is not None:
-                store_data(session, pool, [(e, d) for e, d in zip(block.ids, datas, strict=True) if d is not None])
+            checked = check_block(pool, block, seen, max_data_bytes, data_root)
+            write_block(session, pool, writer, checked, split, now)
     return writer.created, writer.updated
+
+
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class CheckedBlock:
+    """A block of a bulk file whose every row passed :func:`check_block`: what :func:`write_block` writes."""
+
+    block: ingest.Block
+    embeddings: np.ndarray  # m x d float32, finite
+    data: list[dict[str, Any] | None] | None
+
+
+def check_block(
+    pool: Pool, block: ingest.Block, seen: set[str], max_data_bytes: int, data_root: Path | None
+) -> CheckedBlock:
+    """Validate one block of a bulk file (ids, duplicates across every block so far: ``seen`` is updated,
+    dimension, finite values, content, per-row split values); raises the 4xx error of the first problem."""
+    check_ids(block.ids)
+    again = [i for i in block.ids if i in seen]
+    if again:
+        raise DuplicateId(
+            f"ids must be unique within a request; repeated: {again[:_SHOWN]} (first seen before row "
+            f"{block.start} of the file)",
+            {"duplicates": again[:_SHOWN]},
+        )
+    seen.update(block.ids)
+    with np.errstate(over="ignore"):
+        emb32 = check_embeddings(pool, block.ids, block.embeddings)
+    datas = item_data.parse_json_strings(block.ids, block.data, max_data_bytes, data_root) if block.data else None
+    if block.split is not None:
+        bad = [(e, v) for e, v in zip(block.ids, block.split, strict=True) if v is not None and v not in SPLITS]
+        if bad:
+            raise ValidationFailed(
+                f"split must be one of {list(SPLITS)} (or empty: unchanged); item {bad[0][0]!r} has {bad[0][1]!r}",
+                {"ids": [e for e, _ in bad[:_SHOWN]]},
+            )
+    return CheckedBlock(block, emb32, datas)
+
+
+def write_block(
+    session: Session,
+    pool: Pool,
+    writer: items_repo.BulkUpsert,
+    checked: CheckedBlock,
+    split: str | None,
+    now: datetime,
+) -> None:
+    """Upsert a checked block in the caller's transaction: embeddings, then the split (``split`` for every
+    row, else the block's per-row values where given), then the content."""
+    block = checked.block
+    writer.write(block.ids, checked.embeddings)
+    by_split: dict[str, list[str]] = {}
+    if split is not None:
+        by_split[split] = list(block.ids)
+    elif block.split is not None:
+        for ext, value in zip(block.ids, block.split, strict=True):
+            if value is not None:
+                by_split.setdefault(value, []).append(ext)
+    for value, exts in by_split.items():
+        ids = list(items_repo.internal_ids(session, pool.id, exts).values())
+        quality_repo.set_split(session, pool.id, ids, value, now)
+    if checked.data is not None:
+        store_data(session, pool, [(e, d) for e, d in zip(block.ids, checked.data, strict=True) if d is not None])
 
 
 def store_data(session: Session, pool: Pool, values: Sequence[tuple[str, dict[str, Any] | None]]) -> None:

@@ -25,6 +25,7 @@ from service import catalog
 from service.config import Settings
 from service.db import run_transaction
 from service.domain.embedding import recover_embed_jobs
+from service.domain.imports import recover_import_jobs
 from service.domain.recovery import JobKind, Recovery, lost_in_queue, sweep
 from service.queue import JobQueue, enqueue_on_commit
 from service.store import batches as store
@@ -40,12 +41,13 @@ BATCH = JobKind(catalog.RUN_BATCH, "batch_id", on_failed=_release)
 
 
 def recover_jobs(factory: sessionmaker[Session], queue: JobQueue, settings: Settings, *, assume_dead: bool) -> Recovery:
-    """Re-queue or fail dead batch, embed and select jobs; resubmit queued jobs the queue does not know."""
+    """Re-queue or fail dead batch, embed, import and select jobs; resubmit queued jobs the queue does not know."""
 
     def recover(session: Session) -> Recovery:
         report = Recovery()
         now = datetime.now(UTC)
         recover_embed_jobs(session, queue, settings, now, report, assume_dead=assume_dead)
+        recover_import_jobs(session, queue, settings, now, report, assume_dead=assume_dead)
         sweep(session, store.active_batches(session), BATCH, queue, settings, now, report, assume_dead=assume_dead)
         _recover_select_jobs(session, queue, settings, now, report, assume_dead=assume_dead)
         return report

@@ -24,9 +24,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from service.store.models import Batch, EmbedJob
+from service.store.models import Batch, EmbedJob, ImportJob
 
-JobModel = type[Batch] | type[EmbedJob]
+JobModel = type[Batch] | type[EmbedJob] | type[ImportJob]
 
 
 def worker_name() -> str:

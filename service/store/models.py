@@ -468,3 +468,26 @@ class EmbedJob(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class ImportJob(Base):
+    """Importing a Parquet dataset by reference (``POST /v1/pools/{pool}/items:import``): the rows are read
+    by a worker from the tenant's data folder and written in one transaction at the end."""
+
+    __tablename__ = "import_jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="CASCADE"), index=True)
+    source: Mapped[str] = mapped_column(Text)  # the file:// URL as the client sent it
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    progress_stage: Mapped[str | None] = mapped_column(String(64))
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    counts: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {"files", "rows", "created", "updated"}
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    attempt_history: Mapped[list[Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -8,6 +8,8 @@ import uuid
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from bait_client import (
     BaitError,
@@ -203,3 +205,35 @@ def test_a_label_only_key_labels_through_the_client(kind: str, live: Any, db: An
     pool_id = run(kind, live.url, live.key, setup)
     out = run(kind, live.url, labeler, lambda bait: aw(bait.label(pool_id, {"i0": "a", "i1": "b"})))
     assert out.labeled == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_import_by_reference_through_the_client(kind: str, live_service: LiveFactory, tmp_path: Any) -> None:
+    """The request is checked by the api (an object store is a typed 400 before any job); a good source is
+    queued and listed; an unknown import is a NotFound. (The job itself: tests/service/test_import.py.)"""
+    (tmp_path / "acme").mkdir()
+
+    async def scenario(bait: Any) -> tuple[Any, Any, list[Any], BaitError, BaitError]:
+        pool = await aw(bait.create_pool(f"imp-{uuid.uuid4().hex[:6]}", classes=["a", "b"], embedding_dim=2))
+        try:
+            await aw(bait.import_items(pool.id, "s3://bucket/ds/*.parquet"))
+            raise AssertionError("s3:// was accepted")
+        except BaitError as exc:
+            refused = exc
+        pq.write_table(pa.table({"id": ["x"], "embedding": [[1.0, 2.0]]}), tmp_path / "acme" / "p.parquet")
+        job = await aw(bait.import_items(pool.id, f"file://{tmp_path}/acme/p.parquet"))
+        again = await aw(bait.get_import(pool.id, job.id))
+        listed = await aw(bait.imports(pool.id))
+        try:
+            await aw(bait.get_import(pool.id, "nope"))
+            raise AssertionError("an unknown import was found")
+        except BaitError as exc:
+            missing = exc
+        return job, again, listed, refused, missing
+
+    with live_service(data_root=tmp_path) as live:
+        job, again, listed, refused, missing = run(kind, live.url, live.key, scenario)
+    assert refused.status_code == 400 and refused.code == "invalid_source" and "s3://" in refused.message
+    assert job.source.endswith("/acme/p.parquet") and job.status in ("queued", "running", "succeeded", "failed")
+    assert again.id == job.id and [j.id for j in listed] == [job.id]
+    assert isinstance(missing, NotFound)

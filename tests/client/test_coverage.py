@@ -30,6 +30,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("PATCH", "/v1/pools/{pool}/items"): "move_items",
     ("POST", "/v1/pools/{pool}/items:bulk"): "upload",
     ("GET", "/v1/pools/{pool}/items/{item_id}"): "item",
+    ("POST", "/v1/pools/{pool}/items:import"): "import_items",
+    ("GET", "/v1/pools/{pool}/imports"): "imports",
+    ("GET", "/v1/pools/{pool}/imports/{import_id}"): "get_import",
     # labels
     ("PUT", "/v1/pools/{pool}/labels"): "label",
     ("DELETE", "/v1/pools/{pool}/labels/{item_id}"): "delete_label",
