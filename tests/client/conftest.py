@@ -48,8 +48,18 @@ def client_queue() -> str:
 
 
 @pytest.fixture(scope="package")
+def client_data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """BAIT_DATA_ROOT of the client tests' service and of their `bait worker` (file:// sources lie here)."""
+    return tmp_path_factory.mktemp("client-data")
+
+
+@pytest.fixture(scope="package")
 def rq_worker(
-    database_url: str, client_queue: str, worker_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    database_url: str,
+    client_queue: str,
+    worker_cache_dir: Path,
+    client_data_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Proc | None]:
     """A real `bait worker` process on the session's database and the client tests' queue (the PostgreSQL
     + Redis pass), stopped when the client tests end; None in embedded mode, where the app's in-process
@@ -58,14 +68,14 @@ def rq_worker(
         yield None
         return
     log = tmp_path_factory.mktemp("worker") / "worker.log"
-    worker = start_worker(database_url, client_queue, log, worker_cache_dir)
+    worker = start_worker(database_url, client_queue, log, worker_cache_dir, data_root=client_data_root)
     try:
         yield worker
     finally:
         worker.stop()
 
 
-def start_worker(database_url: str, queue_name: str, log: Path, cache_dir: Path) -> Proc:
+def start_worker(database_url: str, queue_name: str, log: Path, cache_dir: Path, data_root: Path | None = None) -> Proc:
     env = bait_env(
         database_url,
         REDIS_URL,
@@ -73,6 +83,7 @@ def start_worker(database_url: str, queue_name: str, log: Path, cache_dir: Path)
         secret_key="test-secret-key-0123456789",  # the tests' settings: webhook secrets decrypt alike
         worker_cache_dir=str(cache_dir),
         warm_up="false",
+        **({"data_root": str(data_root)} if data_root is not None else {}),
     )
     worker = Proc(["worker", "--name", f"client-{uuid.uuid4().hex[:6]}"], env, log)
     wait_for(lambda: "Listening on" in worker.output() or "listening" in worker.output().lower(), 90,

@@ -5,6 +5,7 @@ message and details."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -208,32 +209,37 @@ def test_a_label_only_key_labels_through_the_client(kind: str, live: Any, db: An
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_import_by_reference_through_the_client(kind: str, live_service: LiveFactory, tmp_path: Any) -> None:
+def test_import_by_reference_through_the_client(kind: str, live_service: LiveFactory, client_data_root: Path) -> None:
     """The request is checked by the api (an object store is a typed 400 before any job); a good source is
-    queued and listed; an unknown import is a NotFound. (The job itself: tests/service/test_import.py.)"""
-    (tmp_path / "acme").mkdir()
+    queued, listed and imported (by the app's runner, or by the client tests' `bait worker`, which shares the
+    data root); an unknown import is a NotFound. (The job's failures: tests/service/test_import.py.)"""
+    folder = client_data_root / "acme" / f"{kind}-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True)
 
-    async def scenario(bait: Any) -> tuple[Any, Any, list[Any], BaitError, BaitError]:
+    async def scenario(bait: Any) -> tuple[Any, Any, Any, list[Any], BaitError, BaitError]:
         pool = await aw(bait.create_pool(f"imp-{uuid.uuid4().hex[:6]}", classes=["a", "b"], embedding_dim=2))
         try:
             await aw(bait.import_items(pool.id, "s3://bucket/ds/*.parquet"))
             raise AssertionError("s3:// was accepted")
         except BaitError as exc:
             refused = exc
-        pq.write_table(pa.table({"id": ["x"], "embedding": [[1.0, 2.0]]}), tmp_path / "acme" / "p.parquet")
-        job = await aw(bait.import_items(pool.id, f"file://{tmp_path}/acme/p.parquet"))
-        again = await aw(bait.get_import(pool.id, job.id))
+        pq.write_table(pa.table({"id": ["x", "y"], "embedding": [[1.0, 2.0], [3.0, 4.0]]}), folder / "p.parquet")
+        job = await aw(bait.import_items(pool.id, f"file://{folder}/p.parquet"))
+        done = await aw(bait.wait_import(pool.id, job, timeout=120, poll=0.1))
         listed = await aw(bait.imports(pool.id))
+        items = await aw(bait.pool(pool.id))
         try:
             await aw(bait.get_import(pool.id, "nope"))
             raise AssertionError("an unknown import was found")
         except BaitError as exc:
             missing = exc
-        return job, again, listed, refused, missing
+        return job, done, items, listed, refused, missing
 
-    with live_service(data_root=tmp_path) as live:
-        job, again, listed, refused, missing = run(kind, live.url, live.key, scenario)
+    with live_service(data_root=client_data_root) as live:
+        job, done, pool, listed, refused, missing = run(kind, live.url, live.key, scenario)
     assert refused.status_code == 400 and refused.code == "invalid_source" and "s3://" in refused.message
-    assert job.source.endswith("/acme/p.parquet") and job.status in ("queued", "running", "succeeded", "failed")
-    assert again.id == job.id and [j.id for j in listed] == [job.id]
+    assert job.source.endswith("/p.parquet") and job.status in ("queued", "running", "succeeded")
+    assert done.id == job.id and done.status == "succeeded" and done.rows_imported == 2, done
+    assert pool.counts.items == 2
+    assert [j.id for j in listed] == [job.id]
     assert isinstance(missing, NotFound)
