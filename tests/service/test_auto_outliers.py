@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db import session_scope
 from service.store.models import Batch, Item
 from tests.service.test_batches import count_rows, get_batch, post_batch
+from tests.service.test_select_endpoint import _post as post_select
 from tests.service.test_web import _sign_in
 from tests.worker.factories import CLASSES, label_items, make_pool
 
@@ -224,7 +225,9 @@ def test_validation_items_make_auto_report_gains_per_100_labels(
     assert "points of validation accuracy per 100 labels" in auto["summary"] or "no evidence" in auto["summary"]
 
 
-def test_select_endpoint_runs_auto_with_the_callers_history(client: TestClient, auth: dict[str, str]) -> None:
+def test_select_endpoint_runs_auto_with_the_callers_history(
+    client: TestClient, auth: dict[str, str], run_jobs: Any
+) -> None:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 3))
     P = np.full((40, 2), 0.5)
@@ -240,12 +243,12 @@ def test_select_endpoint_runs_auto_with_the_callers_history(client: TestClient, 
         "labeled": list(range(6)),
         "params": {"seed": 3, "history": [rnd, {**rnd, "predictions": [1, 1]}]},
     }
-    r = client.post("/v1/select", json=body, headers=auth)
+    r = post_select(client, run_jobs, json=body, headers=auth)
     assert r.status_code == 200, r.text
     auto = r.json()["diagnostics"]["auto"]
     assert auto["evidence"]["rounds"] == 2 and auto["evidence"]["rounds_scored"] == 1
     assert auto["evidence"]["per_arm"]["bait"]["reward"] == 0.0  # the uniform pick after bait was mispredicted
     body["params"]["history"][1] = {**rnd, "probabilities": {"bait": 2.0}}  # shape fine, values not: the library
-    r = client.post("/v1/select", json=body, headers=auth)
+    r = post_select(client, run_jobs, json=body, headers=auth)
     assert r.status_code == 400, r.text
     assert "history[1].probabilities['bait'] must be in (0, 1], got 2.0" in r.json()["error"]["message"]

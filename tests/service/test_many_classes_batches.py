@@ -17,6 +17,9 @@ Auth = dict[str, str]
 K = 100
 
 
+BUDGET = 1.5  # seconds: well under what exact BAIT with 2x oversampling takes here, on any machine of this kind
+
+
 @pytest.fixture
 def pool100(client: TestClient, auth: Auth) -> dict[str, Any]:
     """100 classes, 600 random items of dimension 16, two labels per class (just past the cold-start
@@ -36,7 +39,7 @@ def test_first_batches_of_a_100_class_pool_keep_a_small_budget(
 ) -> None:
     seen: set[str] = set()
     for _ in range(2):
-        r = post_batch(client, auth, pool100["id"], size=8, strategy="bait", params={"time_budget_s": 3.0})
+        r = post_batch(client, auth, pool100["id"], size=8, strategy="bait", params={"time_budget_s": BUDGET})
         assert r.status_code == 202, r.text
         run_jobs()
         batch = get_batch(client, auth, pool100["id"], r.json()["id"])
@@ -47,12 +50,12 @@ def test_first_batches_of_a_100_class_pool_keep_a_small_budget(
         assert batch["diagnostics"]["strategy_used"] == "bait", batch["diagnostics"]
         approx = batch["diagnostics"]["selection"]["approximation"]
         assert approx["requested"] == "auto"
-        # (k-1) d = 1,584 and every class kept by the head: exact does not fit 3 s on this machine's
-        # rates, so the plan gives something up and says what, with the setup in its estimate.
-        assert approx["kind"] != "exact", approx
+        # (k-1) d = 1,584 and every class kept by the head: exact with the default oversampling needs ~4 s
+        # on a quiet 2-core box (more under load), so the plan gives something up (oversampling first, then
+        # candidates, dimensions or classes) and says what, with the setup in its estimate.
         assert approx["gave_up"] and approx["estimated_gap"] > 0, approx
         assert 0 < approx["estimated_setup_seconds"] <= approx["estimated_seconds"]
-        assert approx["planned_budget_seconds"] <= 3.0
+        assert approx["planned_budget_seconds"] <= BUDGET
         assert "rates" in approx and approx["rates"]["source"]
 
 
