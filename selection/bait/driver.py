@@ -321,8 +321,8 @@ def _map_prefiltered(
         diag["objective_kind"] = "prefiltered"
         r = reduced_rank(problem.probs)
         big_d = r * problem.d
-        exact_s = _objective_seconds(problem, r, mode)
-        if 3 * big_d * big_d * 8 <= budget * _GB and exact_s <= min(0.25 * time_budget, guard.left()):
+        allowed = min(0.25 * time_budget, guard.left())
+        if 3 * big_d * big_d * 8 <= budget * _GB and _objective_seconds(problem, r, mode, within=allowed) <= allowed:
             objective = _exact_objective(
                 problem, torch.as_tensor(indices, device=problem.device), mode, lam, convention, weights
             )
@@ -542,7 +542,11 @@ def _approximate_objective(
         diag["objective_kind"] = "none: the deadline cut the greedy passes"
     r = reduced_rank(problem.probs)
     fits = estimate_bytes(n_cand=0, d=problem.d, r=r, matrix_dtype=torch.float64, state_dtype=torch.float64, mode=mode)
-    if fits <= budget * _GB and exact_objective_ok and _objective_seconds(problem, r, mode) <= guard.left():
+    if (
+        fits <= budget * _GB
+        and exact_objective_ok
+        and _objective_seconds(problem, r, mode, within=guard.left()) <= guard.left()
+    ):
         exact = _exact_objective(problem, rows, mode, lam, convention, weights)
         diag["exact_objective"] = exact
         diag["objective_kind"] = "exact"
