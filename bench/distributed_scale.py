@@ -11,11 +11,15 @@ processes on 127.0.0.1 (``--memory-limit`` each) and a pool store in a temporary
   stopped between rows), with the stages of the cluster passes (scores + Fisher reduction, gather) and the greedy.
 
 Each batch is cancelled after it is timed, so every row selects from the same pool; every row says whether its
-picks equal the single-process picks. The peak resident memory (``VmHWM``) of the api process (where the job
-runs) and of each Dask worker is printed at the end. Everything is written under a temporary folder and removed.
+picks equal the single-process picks. With the default plan they differ wherever the plan pre-filters with a
+random stratum (the cluster draws it by item id, the single process by row: both uniform, not the same sample);
+``--prefilter-top`` gives both paths the same score-only pre-filter. The peak resident memory (``VmHWM``) of the
+api process (where the job runs) and of each Dask worker is printed at the end. Everything is written under a
+temporary folder and removed.
 
     python bench/distributed_scale.py                      # 10^5 x 128, k = 10, B = 100, workers 2 and 1
     python bench/distributed_scale.py --n 1000000 --workers 2,1
+    python bench/distributed_scale.py --n 1000000 --prefilter-top 20000   # score-only pre-filter: same picks
     python bench/distributed_scale.py --smoke              # 3,000 x 16, k = 10, B = 10: checks the script runs
 """
 
@@ -133,10 +137,11 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def timed_bait(ctx: BenchContext, pool: str, size: int, seed: int) -> tuple[float, dict[str, Any]]:
-    """Seconds from POST to ``succeeded`` of a ``bait`` batch with a fixed seed, and the batch (then cancelled)."""
+def timed_bait(ctx: BenchContext, pool: str, size: int, params: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Seconds from POST to ``succeeded`` of a ``bait`` batch with ``params`` (a fixed seed), and the batch (then
+    cancelled)."""
     t0 = time.perf_counter()
-    body = {"size": size, "strategy": "bait", "params": {"seed": seed}}
+    body = {"size": size, "strategy": "bait", "params": params}
     resp = ctx.client.post(f"/v1/pools/{pool}/batches", json=body, headers=ctx.auth)
     if resp.status_code != 202:
         raise RuntimeError(f"POST batches: {resp.status_code} {resp.text[:500]}")
@@ -187,10 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-limit", default="3GB")
     ap.add_argument("--shard-rows", type=int, default=65536)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--prefilter-top",
+        type=int,
+        default=0,
+        help="both paths pre-filter to this many candidates by score, with no random stratum (whose draw differs "
+        "between the paths); 0: the default plan",
+    )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.d, args.size, args.labeled, args.shard_rows = 3000, 16, 10, 300, 700
+    params: dict[str, Any] = {"seed": args.seed}
+    if args.prefilter_top:
+        params["prefilter"] = {"top": args.prefilter_top, "random": 0}
     counts = sorted({int(w) for w in args.workers.split(",")}, reverse=True)
     if not counts or counts[-1] < 1:
         ap.error("--workers must be positive counts, e.g. 2,1")
@@ -198,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"BAIT on a Dask cluster against the single-process path: n={args.n:,} d={args.d} k=10 B={args.size}")
     for key, value in machine().items():
         print(f"  {key:22} {value}")
+    print(f"  {'batch params':22} {params}")
     print(f"  {'cluster':22} 1 scheduler + {counts[0]} worker(s), 1 thread, --memory-limit {args.memory_limit} each")
     print()
     rows: list[Row] = []
@@ -212,14 +228,14 @@ def main(argv: list[str] | None = None) -> int:
             ctx = BenchContext(client, auth, args.n, args.d, args.smoke, description)
             warm_up(ctx)
             pool = labeled_pool(ctx, args.n, args.d, 10, args.labeled, name="dist")
-            seconds, local = timed_bait(ctx, pool, args.size, args.seed)
+            seconds, local = timed_bait(ctx, pool, args.size, params)
             rows.append(Row("local (single process)", args.n, seconds, note=stage_note(local, None)))
         cluster = Cluster(folder, counts[0], args.memory_limit)
         try:
             os.environ["BAIT_DASK_SCHEDULER"] = cluster.address
             with api_server(url) as base, httpx.Client(base_url=base, timeout=3600) as client:
                 ctx = BenchContext(client, auth, args.n, args.d, args.smoke, description)
-                seconds, batch = timed_bait(ctx, pool, args.size, args.seed)
+                seconds, batch = timed_bait(ctx, pool, args.size, params)
                 rows.append(
                     Row("dask, store cold (writes it)", args.n, seconds, note=stage_note(batch, local["item_ids"]))
                 )
@@ -229,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                             cluster.workers[-1].pid
                         )
                         cluster.stop_worker()
-                    seconds, batch = timed_bait(ctx, pool, args.size, args.seed)
+                    seconds, batch = timed_bait(ctx, pool, args.size, params)
                     label = f"dask, {count} worker{'s' if count > 1 else ''}, store warm"
                     rows.append(Row(label, args.n, seconds, note=stage_note(batch, local["item_ids"])))
                 server_pids = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in p.cmdline()]
