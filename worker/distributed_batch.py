@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -181,6 +182,77 @@ def _train(
     return trained, assessed
 
 
+Chooser = Callable[[np.ndarray], tuple[np.ndarray, list[str], SelectionResult]]
+"""``excluded item ids (the design) -> (picked or gathered item ids, their external ids, the result)``: a cluster
+selection run under the pool's selection lock."""
+
+
+def _ensure_store(
+    spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker, timings: dict[str, float]
+) -> tuple[pool_store.Manifest, str]:
+    """The pool store's version of the pool as it is now (written first when missing)."""
+    settings = context.env().settings
+    t = time.perf_counter()
+    tracker.stage("store", 0, 0)
+    with session_scope(factory) as s:
+        pool = s.get(Pool, spec.pool_id)
+        if pool is None:
+            raise Stopped(spec.batch_id)
+        manifest, store_how = pool_store.ensure_version(s, settings, pool, tracker.callback)
+    timings["pool_store"] = time.perf_counter() - t
+    return manifest, store_how
+
+
+def _reserve_and_store(
+    spec: _BatchSpec,
+    factory: sessionmaker[Session],
+    tracker: Tracker,
+    ttl_s: int,
+    labeled_ids: np.ndarray,
+    trained: TrainedHead | None,
+    assessed: quality.Quality | None,
+    t0: float,
+    timings: dict[str, float],
+    store: tuple[pool_store.Manifest, str],
+    select_total: int,
+    choose: Chooser,
+) -> None:
+    """Under the pool's selection lock: read the design as it is now, ``choose`` on the cluster, reserve and
+    store the batch with the single-process code; again when the chosen items were taken concurrently."""
+    manifest, store_how = store
+    chosen = {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None, "engine": "dask"}
+    timings.update(lock_wait=0.0, select=0.0, store=0.0)
+    for run in range(1, RESERVE_ATTEMPTS + 1):
+        t = time.perf_counter()
+        tracker.stage("select", 0, select_total)
+        try:
+            with pool_selection_lock(spec.pool_id, tracker), session_scope(factory) as s:
+                wait_for_selection_lock(s, spec.pool_id, tracker)
+                timings["lock_wait"] += time.perf_counter() - t
+                t = time.perf_counter()
+                pool = s.get(Pool, spec.pool_id)
+                if pool is None:
+                    raise Stopped(spec.batch_id)
+                labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
+                # as the single-process path: rows labeled since training count as in the design (never picked)
+                excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
+                ids, external_ids, result = choose(excluded)
+                timings["select"] += time.perf_counter() - t
+                t = time.perf_counter()
+                tracker.stage("store", 0, spec.size)
+                data = _store_view(ids, external_ids, manifest, labeled_ids, reserved_now, store_how)
+                n_others = int(np.setdiff1d(excluded, labeled_ids).shape[0])
+                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, chosen)
+            return
+        except ReservationConflict:
+            timings["store"] += time.perf_counter() - t
+            log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
+    raise RuntimeError(
+        f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
+        "concurrent batches kept taking the chosen items"
+    )
+
+
 def _select_and_store(
     spec: _BatchSpec,
     factory: sessionmaker[Session],
@@ -193,72 +265,44 @@ def _select_and_store(
     t0: float,
     timings: dict[str, float],
 ) -> None:
+    """A top-``B`` strategy (random, margin, confidence, entropy) wholly on the cluster."""
     settings = context.env().settings
-    t = time.perf_counter()
-    tracker.stage("store", 0, 0)
-    with session_scope(factory) as s:
-        pool = s.get(Pool, spec.pool_id)
-        if pool is None:
-            raise Stopped(spec.batch_id)
-        manifest, store_how = pool_store.ensure_version(s, settings, pool, tracker.callback)
-    timings["pool_store"] = time.perf_counter() - t
+    store = _ensure_store(spec, factory, tracker, timings)
+    manifest = store[0]
     head_blob = None if trained is None else save_checkpoint(trained)
-    chosen = {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None, "engine": "dask"}
-    timings.update(lock_wait=0.0, select=0.0, store=0.0)
-    for run in range(1, RESERVE_ATTEMPTS + 1):
-        t = time.perf_counter()
-        tracker.stage("select", 0, len(manifest.shards))
-        try:
-            with pool_selection_lock(spec.pool_id, tracker), session_scope(factory) as s:
-                wait_for_selection_lock(s, spec.pool_id, tracker)
-                timings["lock_wait"] += time.perf_counter() - t
-                t = time.perf_counter()
-                pool = s.get(Pool, spec.pool_id)
-                if pool is None:
-                    raise Stopped(spec.batch_id)
-                labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
-                # as the single-process path: rows labeled since training count as in the design (never picked)
-                excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
-                picks = distributed.rerun_when_inputs_lost(
-                    partial(
-                        distributed.select_top,
-                        client,
-                        manifest,
-                        spec.strategy,
-                        spec.size,
-                        excluded,
-                        head_blob,
-                        spec.seed,
-                        check=tracker.check,
-                        progress=tracker.callback,
-                        lost_after_s=float(settings.dask_connect_timeout_seconds),
-                    )
-                )
-                timings["select"] += time.perf_counter() - t
-                t = time.perf_counter()
-                tracker.stage("store", 0, spec.size)
-                data = _store_view(picks.ids, picks.external_ids, manifest, labeled_ids, reserved_now, store_how)
-                result = SelectionResult(
-                    indices=np.arange(picks.ids.shape[0], dtype=np.int64),
-                    objective=None,
-                    diagnostics={
-                        **picks.diagnostics,
-                        "strategy": spec.strategy,
-                        "batch_size": spec.size,
-                        "seed": spec.seed,
-                        "score_first": float(picks.scores[0]) if picks.scores.size else None,
-                        "score_last": float(picks.scores[-1]) if picks.scores.size else None,
-                    },
-                )
-                n_others = int(np.setdiff1d(excluded, labeled_ids).shape[0])
-                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, chosen)
-            return
-        except ReservationConflict:
-            timings["store"] += time.perf_counter() - t
-            log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
-    raise RuntimeError(
-        f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
-        "concurrent batches kept taking the chosen items"
+
+    def choose(excluded: np.ndarray) -> tuple[np.ndarray, list[str], SelectionResult]:
+        picks = distributed.rerun_when_inputs_lost(
+            partial(
+                distributed.select_top,
+                client,
+                manifest,
+                spec.strategy,
+                spec.size,
+                excluded,
+                head_blob,
+                spec.seed,
+                check=tracker.check,
+                progress=tracker.callback,
+                lost_after_s=float(settings.dask_connect_timeout_seconds),
+            )
+        )
+        result = SelectionResult(
+            indices=np.arange(picks.ids.shape[0], dtype=np.int64),
+            objective=None,
+            diagnostics={
+                **picks.diagnostics,
+                "strategy": spec.strategy,
+                "batch_size": spec.size,
+                "seed": spec.seed,
+                "score_first": float(picks.scores[0]) if picks.scores.size else None,
+                "score_last": float(picks.scores[-1]) if picks.scores.size else None,
+            },
+        )
+        return picks.ids, picks.external_ids, result
+
+    _reserve_and_store(
+        spec, factory, tracker, ttl_s, labeled_ids, trained, assessed, t0, timings, store, len(manifest.shards), choose
     )
 
 
@@ -299,78 +343,47 @@ def _select_and_store_bait(
     """BAIT with its pool-wide passes on the cluster (:mod:`worker.distributed_bait`) and the greedy here, on the
     gathered rows, with the single-process code (:func:`selection.select`)."""
     settings = context.env().settings
-    t = time.perf_counter()
-    tracker.stage("store", 0, 0)
-    with session_scope(factory) as s:
-        pool = s.get(Pool, spec.pool_id)
-        if pool is None:
-            raise Stopped(spec.batch_id)
-        manifest, store_how = pool_store.ensure_version(s, settings, pool, tracker.callback)
-    timings["pool_store"] = time.perf_counter() - t
+    store = _ensure_store(spec, factory, tracker, timings)
+    manifest = store[0]
     head_blob = save_checkpoint(trained)
     task = trained.config.task
     d_pen = int(predict(trained, np.zeros((1, manifest.d), dtype=np.float32)).features.shape[1])
     r = 1 if task == "regression" else int(trained.config.n_outputs) - 1
     params = {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
-    chosen = {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None, "engine": "dask"}
-    timings.update(lock_wait=0.0, select=0.0, store=0.0)
-    for run in range(1, RESERVE_ATTEMPTS + 1):
-        t = time.perf_counter()
-        tracker.stage("select", 0, 0)
-        try:
-            with pool_selection_lock(spec.pool_id, tracker), session_scope(factory) as s:
-                wait_for_selection_lock(s, spec.pool_id, tracker)
-                timings["lock_wait"] += time.perf_counter() - t
-                t = time.perf_counter()
-                pool = s.get(Pool, spec.pool_id)
-                if pool is None:
-                    raise Stopped(spec.batch_id)
-                labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
-                # as the single-process path: rows labeled since training count as in the design (reserved)
-                excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
-                workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
-                prefilter, fisher, why = distributed_bait.plan(
-                    params,
-                    task=task,
-                    n_pool=manifest.rows,
-                    n_cand=max(0, manifest.rows - int(excluded.shape[0])),
-                    n_design=int(excluded.shape[0]),
-                    d=d_pen,
-                    r=r,
-                    batch_size=spec.size,
-                    device=device,
-                    workers=workers,
-                )
-                g = distributed.rerun_when_inputs_lost(
-                    partial(
-                        distributed_bait.gather_bait,
-                        client,
-                        manifest,
-                        excluded,
-                        head_blob,
-                        spec.seed,
-                        prefilter,
-                        fisher,
-                        check=tracker.check,
-                        progress=tracker.callback,
-                        lost_after_s=float(settings.dask_connect_timeout_seconds),
-                    )
-                )
-                result = _greedy(spec, tracker, g, labeled_ids, excluded, params, device, why)
-                timings["select"] += time.perf_counter() - t
-                t = time.perf_counter()
-                tracker.stage("store", 0, spec.size)
-                data = _store_view(g.ids, g.external_ids, manifest, labeled_ids, reserved_now, store_how)
-                n_others = int(np.setdiff1d(excluded, labeled_ids).shape[0])
-                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, chosen)
-            return
-        except ReservationConflict:
-            timings["store"] += time.perf_counter() - t
-            log.info("batch %s: chosen items were taken concurrently; selecting again", spec.batch_id)
-    raise RuntimeError(
-        f"could not reserve a batch after {RESERVE_ATTEMPTS} selections: "
-        "concurrent batches kept taking the chosen items"
-    )
+
+    def choose(excluded: np.ndarray) -> tuple[np.ndarray, list[str], SelectionResult]:
+        workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+        prefilter, fisher, why = distributed_bait.plan(
+            params,
+            task=task,
+            n_pool=manifest.rows,
+            n_cand=max(0, manifest.rows - int(excluded.shape[0])),
+            n_design=int(excluded.shape[0]),
+            d=d_pen,
+            r=r,
+            batch_size=spec.size,
+            device=device,
+            workers=workers,
+        )
+        g = distributed.rerun_when_inputs_lost(
+            partial(
+                distributed_bait.gather_bait,
+                client,
+                manifest,
+                excluded,
+                head_blob,
+                spec.seed,
+                prefilter,
+                fisher,
+                check=tracker.check,
+                progress=tracker.callback,
+                lost_after_s=float(settings.dask_connect_timeout_seconds),
+            )
+        )
+        result = _greedy(spec, tracker, g, labeled_ids, excluded, params, device, why)
+        return g.ids, g.external_ids, result
+
+    _reserve_and_store(spec, factory, tracker, ttl_s, labeled_ids, trained, assessed, t0, timings, store, 0, choose)
 
 
 def _greedy(
