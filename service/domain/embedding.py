@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from service import catalog
 from service.config import Settings
 from service.domain.encoders import accepts_text, check_pool_encoder
-from service.domain.recovery import JobKind, Recovery, sweep
+from service.domain.recovery import JobKind, Recovery, job_state, sweep
 from service.errors import BadRequest, NotFound, TooManyItems
 from service.queue import JobQueue, enqueue_on_commit
 from service.store import embedding as repo
@@ -130,19 +130,7 @@ def list_jobs(session: Session, pool: Pool, limit: int) -> Sequence[EmbedJob]:
 
 
 def job_view(job: EmbedJob) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "pool_id": job.pool_id,
-        "status": job.status,
-        "progress": {"stage": job.progress_stage, "done": job.progress_done, "total": job.progress_total},
-        "counts": job.counts or {},
-        "error": job.error,
-        "attempts": job.attempts,
-        "attempt_history": job.attempt_history or [],
-        "created_at": job.created_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-    }
+    return {"id": job.id, "pool_id": job.pool_id, **job_state(job), "counts": job.counts or {}}
 
 
 EMBED_JOB = JobKind(catalog.RUN_EMBED, "job_id")

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from service import catalog
 from service.config import Settings
-from service.domain.recovery import JobKind, Recovery, sweep
+from service.domain.recovery import JobKind, Recovery, job_state, sweep
 from service.errors import BadRequest, NotFound
 from service.queue import JobQueue, enqueue_on_commit
 from service.store import imports as repo
@@ -224,16 +224,9 @@ def job_view(job: ImportJob) -> dict[str, Any]:
         "id": job.id,
         "pool_id": job.pool_id,
         "source": job.source,
-        "status": job.status,
-        "progress": {"stage": job.progress_stage, "done": job.progress_done, "total": job.progress_total},
+        **job_state(job),
         "rows_imported": int(counts.get("rows", 0)) if job.status == "succeeded" else 0,
         "counts": counts,
-        "error": job.error,
-        "attempts": job.attempts,
-        "attempt_history": job.attempt_history or [],
-        "created_at": job.created_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
     }
 
 

@@ -94,3 +94,18 @@ def sweep(
             if kind.on_failed is not None:
                 kind.on_failed(session, row, now)
             report.failed.append(row.id)
+
+
+def job_state(job: Any) -> dict[str, Any]:
+    """The fields every job view shares (embed and import jobs): status, ``progress {stage, done, total}``,
+    error, attempts and their history, and the job's times."""
+    return {
+        "status": job.status,
+        "progress": {"stage": job.progress_stage, "done": job.progress_done, "total": job.progress_total},
+        "error": job.error,
+        "attempts": job.attempts,
+        "attempt_history": job.attempt_history or [],
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
