@@ -314,7 +314,9 @@ class Encoder(_Model):
     created_at: datetime
 
 
-class EmbedJob(_Model):
+class _Job(_Model):
+    """What every job the service runs for a pool has: status, progress, attempts and times."""
+
     id: str
     pool_id: str
     status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -332,27 +334,16 @@ class EmbedJob(_Model):
         return self.status in ("succeeded", "failed", "cancelled")
 
 
-class ImportJob(_Model):
+class EmbedJob(_Job):
+    """An embed job (the service computes embeddings of the pool's items from their data)."""
+
+
+class ImportJob(_Job):
     """An import by reference (``POST /v1/pools/{pool}/items:import``): a Parquet dataset under the tenant's
     data folder, read and written by a worker; its rows appear all at once when it succeeds."""
 
-    id: str
-    pool_id: str
     source: str
-    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
-    progress: Progress = Field(default_factory=Progress)
     rows_imported: int = 0
-    counts: dict[str, Any] = Field(default_factory=dict)
-    error: str | None = None
-    attempts: int = 0
-    attempt_history: list[Attempt] = Field(default_factory=list)
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.status in ("succeeded", "failed", "cancelled")
 
 
 class Limits(_Model):
