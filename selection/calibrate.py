@@ -11,6 +11,11 @@ The auto plan (:func:`selection.bait.plan._plan`) turns multiply-add counts into
 * ``matrix``: float64 multiply-adds per second of the ``D x D`` rank updates of ``P`` and ``Q``;
 * ``stream``: bytes per second of the ``D x D`` block matrix-vector passes (and of the setup's
   elementwise passes over ``r x r x d`` row blocks, which are bound by memory at small ``d``);
+* ``rank1``: bytes of ``X`` per second read by a rank-one greedy step (regression, binary: a GEMV and a
+  few float64 vector passes, :func:`selection.linalg.rank_one_update`), run the way the engine runs it
+  (row chunks on ``threads`` workers) over a pool larger than the caches: such a step is bound by reading
+  ``X`` from memory, at a rate far below ``stream``'s cache-resident ``D x D`` passes (10^5 x 768 float32:
+  ~5.6 GB/s against ~25 GB/s, so a model built on ``stream`` was 4x short);
 * ``dense``: float64 multiply-adds per second of the setup's one-off ``D^3`` factorisations (Cholesky
   and its inverse, ``Q_0 = P_0 F P_0``), run as the setup runs them: on the calling thread at torch's
   intra-op thread count. On a loaded CPU they fall far below ``matrix`` (OpenMP threads wait on each
@@ -30,8 +35,11 @@ compiled step (issue 15), and round figures for CUDA. :func:`warm` measures ahea
 The measurement sees the machine as it is (other processes included): on a loaded box the rates, and
 so the plans, are slower ones. That is the point: the budget is a promise about this machine. Load
 changes after the measurement; :func:`observe` folds each call's measured setup and greedy times into
-per-phase correction factors of the cached rates (a geometric running mean of measured/estimated),
-so a long-lived process follows its machine.
+correction factors (a geometric running mean of measured/estimated), so a long-lived process follows its
+machine. The factors are kept per phase and per **step kind** (:func:`step_kind`: rank one, all classes,
+class approximations), because the model's error differs between kinds: one factor shared by all made a
+run of over-estimated approximate plans halve the next exact plan's estimate (k = 10, n = 10^5: 8.0 s
+estimated, 15.1 s measured).
 """
 
 from __future__ import annotations
@@ -50,9 +58,9 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from selection import fused
-from selection.linalg import block_matvec, trace_solve_scores
+from selection.linalg import block_matvec, rank_one_chunk, rank_one_update, trace_solve_scores
 
-__all__ = ["TABLE", "Rates", "machine_rates", "measure", "observe", "small_flops", "warm"]
+__all__ = ["TABLE", "Rates", "factor", "machine_rates", "measure", "observe", "small_flops", "step_kind", "warm"]
 
 
 @dataclass(frozen=True)
@@ -65,16 +73,19 @@ class Rates:
     matrix: float
     stream: float
     dense: float = 0.0  # 0: ``matrix`` (rates built before the dense rate existed)
+    rank1: float = 0.0  # bytes of X per second of a rank-one step (0: ``stream``)
     source: str = "table"
     seconds: float = 0.0  # time the measurement took
     dense_threads: int = 0  # torch threads of the setup's factorisations (0: torch's own)
     complete: bool = True  # every rate measured (False: some scaled from the table, see CAP_S)
-    setup_factor: float = 1.0  # measured / estimated setup time so far in this process (see observe)
-    greedy_factor: float = 1.0  # the same for the greedy passes
 
     @property
     def dense_rate(self) -> float:
         return self.dense if self.dense > 0 else self.matrix
+
+    @property
+    def rank1_rate(self) -> float:
+        return self.rank1 if self.rank1 > 0 else self.stream
 
     def small(self, rc: int) -> float:
         """Rate of the per-candidate algebra at ``rc`` columns (log-linear between the two measured ``rc``).
@@ -95,25 +106,38 @@ class Rates:
             "matrix": float(f"{self.matrix:.3g}"),
             "stream": float(f"{self.stream:.3g}"),
             "dense": float(f"{self.dense_rate:.3g}"),
+            "rank1": float(f"{self.rank1_rate:.3g}"),
             "dense_threads": self.dense_threads,
             "seconds": float(f"{self.seconds:.3g}"),
-            "setup_factor": float(f"{self.setup_factor:.3g}"),
-            "greedy_factor": float(f"{self.greedy_factor:.3g}"),
         }
 
 
 #: ``rc`` at which the per-candidate rate is measured.
 SMALL_RC = (8, 24)
 
+#: ``rank1`` of the table on CPU (bytes of X per second, 2 threads, 2-core AMD EPYC box).
+RANK1_TABLE_CPU = 8e9
+#: Bytes of ``X`` the ``rank1`` stage reads per pass (more than the box's last-level cache), at ``RANK1_D``.
+RANK1_BYTES = 48 * 2**20
+RANK1_D = 128
+
 #: Fallback rates per (device type, dtype) for 2 threads: measured on the 2-core AMD EPYC benchmark
 #: machine (load ~1) with the compiled step; CUDA figures are round guesses for a datacenter GPU (never
 #: measured here: no GPU was available), used only when ``BAIT_RATES=table``.
 #: ``dense`` is the 2-thread Cholesky + inverse rate of a quiet 2-core box (D = 792: ~1.5e10).
 TABLE: dict[tuple[str, torch.dtype], Rates] = {
-    ("cpu", torch.float32): Rates(gemm=6e10, small_lo=2.5e9, small_hi=6e9, matrix=2e10, stream=1.5e10, dense=1.5e10),
-    ("cpu", torch.float64): Rates(gemm=3e10, small_lo=1.5e9, small_hi=3.5e9, matrix=2e10, stream=1.5e10, dense=1.5e10),
-    ("cuda", torch.float32): Rates(gemm=2e13, small_lo=2e11, small_hi=1e12, matrix=2e12, stream=1e12, dense=5e11),
-    ("cuda", torch.float64): Rates(gemm=1e12, small_lo=1e11, small_hi=4e11, matrix=1e12, stream=1e12, dense=3e11),
+    ("cpu", torch.float32): Rates(
+        gemm=6e10, small_lo=2.5e9, small_hi=6e9, matrix=2e10, stream=1.5e10, dense=1.5e10, rank1=RANK1_TABLE_CPU
+    ),
+    ("cpu", torch.float64): Rates(
+        gemm=3e10, small_lo=1.5e9, small_hi=3.5e9, matrix=2e10, stream=1.5e10, dense=1.5e10, rank1=RANK1_TABLE_CPU
+    ),
+    ("cuda", torch.float32): Rates(
+        gemm=2e13, small_lo=2e11, small_hi=1e12, matrix=2e12, stream=1e12, dense=5e11, rank1=5e11
+    ),
+    ("cuda", torch.float64): Rates(
+        gemm=1e12, small_lo=1e11, small_hi=4e11, matrix=1e12, stream=1e12, dense=3e11, rank1=5e11
+    ),
 }
 
 #: Wall-clock cap of one measurement (seconds, the kernel's first load excluded): the stages not
@@ -127,9 +151,12 @@ FACTOR_BOUNDS = (0.2, 20.0)
 #: Phases shorter than this (seconds, measured) are not observed: timer noise and fixed costs.
 OBSERVE_MIN_S = 0.05
 
-_RATE_NAMES = ("gemm", "dense", "stream", "small_lo", "small_hi", "matrix")
+_RATE_NAMES = ("gemm", "dense", "stream", "rank1", "small_lo", "small_hi", "matrix")
 
 _CACHE: dict[tuple[str, int | None, torch.dtype, int], Rates] = {}
+#: Correction factors per (rates key, phase, step kind); see :func:`observe`.
+_FACTORS: dict[tuple[tuple[str, int | None, torch.dtype, int], str, str], float] = {}
+STEP_KINDS = ("rank1", "full", "classes")
 _LOCK = threading.Lock()
 #: Clock of the measurement's cap (tests replace it).
 _CLOCK: Callable[[], float] = time.perf_counter
@@ -176,12 +203,7 @@ def machine_rates(device: torch.device, dtype: torch.dtype, threads: int, *, bud
             except Exception:  # a failed microbenchmark must not fail a selection: fall back to the table
                 fresh = table_rates(device, dtype)
             if redo and hit is not None:
-                fresh = replace(
-                    fresh,
-                    source=fresh.source + (" (redone)" if not fresh.complete else ""),
-                    setup_factor=hit.setup_factor,
-                    greedy_factor=hit.greedy_factor,
-                )
+                fresh = replace(fresh, source=fresh.source + (" (redone)" if not fresh.complete else ""))
             hit = fresh
             _CACHE[key] = hit
         return hit
@@ -209,39 +231,72 @@ def warm(device: torch.device, dtype: torch.dtype, threads: int) -> Rates:
     return machine_rates(device, dtype, threads)
 
 
+def step_kind(r: int, rc: int) -> str:
+    """The kind of greedy step a plan runs, for :func:`observe`'s factors: ``"rank1"`` (regression, binary),
+    ``"full"`` (every class: ``rc == r``) or ``"classes"`` (top-c and sampled class approximations)."""
+    if r == 1:
+        return "rank1"
+    return "full" if rc == r else "classes"
+
+
+def factor(device: torch.device, dtype: torch.dtype, threads: int, *, phase: str, kind: str) -> float:
+    """The correction factor in force for ``phase`` of ``kind`` plans (1 until :func:`observe` saw one)."""
+    if os.environ.get("BAIT_RATES", "").strip() == "table":
+        return 1.0
+    with _LOCK:
+        return _FACTORS.get((_key(device, dtype, threads), phase, kind), 1.0)
+
+
+def factors(device: torch.device, dtype: torch.dtype, threads: int) -> dict[str, dict[str, float]]:
+    """The factors in force, ``{phase: {kind: factor}}`` (those observed), for diagnostics."""
+    key = _key(device, dtype, threads)
+    out: dict[str, dict[str, float]] = {}
+    with _LOCK:
+        for (k, phase, kind), val in _FACTORS.items():
+            if k == key:
+                out.setdefault(phase, {})[kind] = float(f"{val:.3g}")
+    return out
+
+
 def observe(
-    device: torch.device, dtype: torch.dtype, threads: int, *, phase: str, estimated: float, measured: float
+    device: torch.device,
+    dtype: torch.dtype,
+    threads: int,
+    *,
+    phase: str,
+    estimated: float,
+    measured: float,
+    kind: str = "full",
 ) -> None:
-    """Fold one call's measured time of ``phase`` (``"setup"`` or ``"greedy"``) into the cached rates.
+    """Fold one call's measured time of ``phase`` (``"setup"`` or ``"greedy"``) of a ``kind`` plan
+    (:func:`step_kind`) into that kind's correction factor.
 
     ``estimated`` is the estimate made with the factor in force; the factor moves towards
     ``measured / (estimated / factor)`` by :data:`OBSERVE_WEIGHT` (geometric), within
-    :data:`FACTOR_BOUNDS`. Table rates (``BAIT_RATES=table``) and short phases are not observed.
+    :data:`FACTOR_BOUNDS`. Table rates (``BAIT_RATES=table``), rates not measured yet in this process and
+    short phases are not observed.
     """
     if phase not in ("setup", "greedy"):
         raise ValueError(f"unknown phase {phase!r}")
+    if kind not in STEP_KINDS:
+        raise ValueError(f"unknown step kind {kind!r}")
     if os.environ.get("BAIT_RATES", "").strip() == "table" or measured < OBSERVE_MIN_S or estimated <= 0:
         return
     key = _key(device, dtype, threads)
     with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is None:
+        if key not in _CACHE:
             return
-        name = f"{phase}_factor"
-        old = float(getattr(hit, name))
+        old = _FACTORS.get((key, phase, kind), 1.0)
         ratio = measured / (estimated / old)
         new = math.exp((1 - OBSERVE_WEIGHT) * math.log(old) + OBSERVE_WEIGHT * math.log(ratio))
-        new = min(FACTOR_BOUNDS[1], max(FACTOR_BOUNDS[0], new))
-        if phase == "setup":
-            _CACHE[key] = replace(hit, setup_factor=new)
-        else:
-            _CACHE[key] = replace(hit, greedy_factor=new)
+        _FACTORS[(key, phase, kind)] = min(FACTOR_BOUNDS[1], max(FACTOR_BOUNDS[0], new))
 
 
 def clear_cache() -> None:
     """Forget measured rates (the next plan measures again)."""
     with _LOCK:
         _CACHE.clear()
+        _FACTORS.clear()
 
 
 def _best(fn: Callable[[], object], repeat: int, sync: Callable[[], None]) -> float:
@@ -299,6 +354,7 @@ def measure(device: torch.device, dtype: torch.dtype, threads: int, *, cap_s: fl
         matrix=res["matrix"],
         stream=res["stream"],
         dense=res["dense"],
+        rank1=res["rank1"],
         dense_threads=extra.get("dense_threads", 0),
         source=f"{how} ({device.type}, {str(dtype).removeprefix('torch.')}, {threads} threads)",
         seconds=time.perf_counter() - t_start,
@@ -307,7 +363,11 @@ def measure(device: torch.device, dtype: torch.dtype, threads: int, *, cap_s: fl
 
 
 def _table_value(table: Rates, name: str) -> float:
-    return table.dense_rate if name == "dense" else float(getattr(table, name))
+    if name == "dense":
+        return table.dense_rate
+    if name == "rank1":
+        return table.rank1_rate
+    return float(getattr(table, name))
 
 
 class _Stages:
@@ -427,6 +487,25 @@ def _stages_cpu(dtype: torch.dtype, threads: int, stages_extra: dict[str, int]) 
 
         return big_d * big_d * 8 / _best(_parallel(pool, threads, mv), 3, lambda: None)
 
+    def rank1() -> float:
+        # The engine's rank-one step over RANK1_BYTES of X, in its row chunks on the worker threads (the
+        # values do not matter to the time: a constant fill is quicker to make than random numbers).
+        rows = max(1, RANK1_BYTES // (RANK1_D * dt.itemsize))
+        x = torch.full((rows, RANK1_D), 1e-3, dtype=dtype)
+        et = torch.full((rows, 1, 1), 1e-3, dtype=torch.float64)
+        g = torch.ones((rows, 1, 1), dtype=torch.float64)
+        h = torch.ones((rows, 1, 1), dtype=torch.float64)
+        b = torch.full((RANK1_D, 2), 1e-3, dtype=torch.float64)
+        cs = rank_one_chunk(rows, threads, 2**18)
+        chunks = [(lo, min(rows, lo + cs)) for lo in range(0, rows, cs)]
+
+        def step(i: int) -> None:
+            for lo, hi in chunks[i::threads]:
+                rank_one_update(x[lo:hi], et[lo:hi], g[lo:hi], h[lo:hi], b, 1.0)
+                trace_solve_scores(g[lo:hi], h[lo:hi], 1.0)
+
+        return rows * RANK1_D * dt.itemsize / _best(_parallel(pool, threads, step), 3, lambda: None)
+
     def run(name: str) -> float:
         if name == "dense":
             # On the calling thread, at torch's thread count and at one thread: the setup runs its
@@ -452,6 +531,8 @@ def _stages_cpu(dtype: torch.dtype, threads: int, stages_extra: dict[str, int]) 
                     return small(SMALL_RC[1])
                 if name == "matrix":
                     return matrix()
+                if name == "rank1":
+                    return rank1()
                 return stream()
         finally:
             torch.set_num_threads(saved)
@@ -513,6 +594,18 @@ def _stages_torch(device: torch.device, dtype: torch.dtype) -> _Stages:
             return small(SMALL_RC[0])
         if name == "small_hi":
             return small(SMALL_RC[1])
+        if name == "rank1":
+            rows = max(1, 4 * RANK1_BYTES // (RANK1_D * torch.finfo(dtype).bits // 8))
+            x = rand(rows, RANK1_D)
+            one = torch.ones((rows, 1, 1), dtype=torch.float64, device=device)
+            g, h = one.clone(), one.clone()
+            b = rand(RANK1_D, 2, dt=torch.float64)
+
+            def step() -> None:
+                rank_one_update(x, one, g, h, b, 1e-9)
+                trace_solve_scores(g, h, 1.0)
+
+            return rows * RANK1_D * torch.finfo(dtype).bits // 8 / _best(step, 3, sync)
         p = pmat()
         if name == "matrix":
             u = rand(4096, 32, dt=torch.float64)

@@ -32,7 +32,7 @@ from selection.bait.plan import (
     estimate_bytes,
 )
 from selection.bait.threads import resolve_threads
-from selection.calibrate import machine_rates, observe
+from selection.calibrate import factors, machine_rates, observe
 from selection.errors import InputDataError, ParameterError
 from selection.fisher import exact_objective, fisher_pca_basis, reduced_rank
 from selection.problem import Problem, StrategyOutput, register
@@ -222,8 +222,15 @@ def _run(
     approx_info = plan.describe()
     approx_info["requested"] = kind
     if kind == "auto":
-        approx_info["rates"] = machine_rates(problem.device, problem.dtype, resolve_threads(problem.device)).describe()
+        threads = resolve_threads(problem.device)
+        approx_info["rates"] = {
+            **machine_rates(problem.device, problem.dtype, threads).describe(),
+            "factors": factors(problem.device, problem.dtype, threads),  # in force for this plan
+        }
         approx_info["calibration_seconds"] = float(f"{calibration_s:.3g}")
+        # What the call is expected to take in all: the time spent before the run (calibration, planning)
+        # plus the plan's estimate of the run.
+        approx_info["estimated_call_seconds"] = float(f"{t_plan - t_start + plan.estimated_s:.3g}")
         approx_info["planned_budget_seconds"] = float(f"{time_budget_plan:.3g}")
         _observe_timings(problem, plan, diag)
     diag["approximation"] = approx_info
@@ -275,10 +282,19 @@ def _observe_timings(problem: Problem, plan: _Plan, diag: dict[str, Any]) -> Non
     timings = diag.get("timings", {})
     device, dtype, threads = problem.device, problem.dtype, resolve_threads(problem.device)
     if "setup" in timings:
-        observe(device, dtype, threads, phase="setup", estimated=plan.estimated_setup_s, measured=timings["setup"])
+        observe(
+            device,
+            dtype,
+            threads,
+            phase="setup",
+            estimated=plan.estimated_setup_s,
+            measured=timings["setup"],
+            kind=plan.step_kind,
+        )
     if "deadline" not in diag and "forward" in timings:
         greedy = timings["forward"] + timings.get("backward", 0.0)
-        observe(device, dtype, threads, phase="greedy", estimated=plan.estimated_greedy_s, measured=greedy)
+        kind = plan.step_kind
+        observe(device, dtype, threads, phase="greedy", estimated=plan.estimated_greedy_s, measured=greedy, kind=kind)
 
 
 def _map_prefiltered(

@@ -38,6 +38,8 @@ from selection.linalg import (
     block_quadratic_forms,
     logdet_scores,
     matmul,
+    rank_one_chunk,
+    rank_one_update,
     symmetrize_blocks,
     torch_threads,
     trace_solve_scores,
@@ -690,15 +692,7 @@ class _Bait:
         m = x.shape[0]
         rc, r = int(et.shape[1]), int(et.shape[2])
         if r == 1:
-            # Rank one: one streaming GEMV in the pool dtype; the (float64) state absorbs the result.
-            # c x m = blocks^T X^T: 1.6x faster than X @ blocks (m x c) for c <= 2 (10.4 vs 6.5 GB/s
-            # of X read, one thread), and its rows are contiguous for the vector ops below.
-            t = (blocks.to(x.dtype).T.contiguous() @ x.T).to(g.dtype)  # c x m
-            w = et[:, 0, 0] * t[0]
-            g[:, 0, 0] -= sigma * w * w
-            if h is not None:
-                z = et[:, 0, 0] * t[1]
-                h[:, 0, 0] -= (2.0 * sigma) * w * z
+            rank_one_update(x, et, g, h, blocks, sigma)
             return
         if x.device.type == "cpu":
             _update_rows_numpy(x, et, g, h, blocks, sigma, half_h=half_h)
@@ -735,6 +729,8 @@ class _Bait:
         guard = guard or _Guard()
         n_cand = st.x.shape[0]
         cs = self.step_chunk
+        if self.r == 1 and self.device.type == "cpu":
+            cs = rank_one_chunk(n_cand, self.n_threads, cs)
         chosen = torch.zeros(n_cand, dtype=torch.bool, device=self.device)
         eligible = torch.ones(n_cand, dtype=torch.bool, device=self.device)
         scores = torch.empty(n_cand, dtype=self.sdt, device=self.device)

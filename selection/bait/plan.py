@@ -25,7 +25,7 @@ import torch
 from selection.bait.approx import Prefilter, auto_classes, class_fisher_kept_many
 from selection.bait.engine import Mode
 from selection.bait.threads import resolve_threads
-from selection.calibrate import Rates, machine_rates, small_flops
+from selection.calibrate import Rates, factor, machine_rates, small_flops, step_kind
 from selection.errors import MemoryBudgetError, ParameterError
 from selection.fisher import kron_sum, reduced_rank
 from selection.problem import Problem
@@ -234,7 +234,10 @@ def estimate_phases(
     sub_blocks = math.ceil(kron_rows * big_d * itemsize / 2**24) + 3
     setup_ops = r * sub_blocks + r * r / 2
     setup_s = setup / gemm + big / rt.dense_rate + 4 * setup_small / gemm + setup_bytes / rt.stream
-    setup_s = (setup_s + setup_ops * SETUP_OP_S + SETUP_FIXED_S) * rt.setup_factor
+    kind = step_kind(r, rc)
+    setup_f = 1.0 if rates is not None else factor(device, dtype, n_threads, phase="setup", kind=kind)
+    greedy_f = 1.0 if rates is not None else factor(device, dtype, n_threads, phase="greedy", kind=kind)
+    setup_s = (setup_s + setup_ops * SETUP_OP_S + SETUP_FIXED_S) * setup_f
     cols = 2 if mode != "logdet" else 1
     mb = 8.0  # D x D matrices in float64 when they fit (the usual case)
     step_gemm = n_cand * d * r * cols * rc
@@ -246,9 +249,10 @@ def estimate_phases(
     per_step = step_gemm / gemm + step_small / small + step_mats + step_fixed
     if r == 1:
         # Rank one (regression, binary): a step is a GEMV over the candidates' rows and a few float64
-        # vector passes, bound by memory, not multiply-adds (10^6 x 64 float32: ~70 ms a step at load 4).
-        per_step = n_cand * (d * (torch.finfo(dtype).bits // 8) + 6 * 8) / rt.stream + step_mats + step_fixed
-    per_step *= rt.greedy_factor
+        # vector passes, bound by reading X from memory, not by multiply-adds: the measured rank1 rate
+        # (bytes of X per second of that very step; 10^6 x 64 float32: ~30 ms a step, one core busy).
+        per_step = n_cand * d * (torch.finfo(dtype).bits // 8) / rt.rank1_rate + step_mats + step_fixed
+    per_step *= greedy_f
     fwd = n_forward * per_step
     bwd = 0.0
     if n_backward > 0:
@@ -372,6 +376,7 @@ class _Plan:
     gave_up: list[str] = field(default_factory=list)
     estimated_setup_s: float = 0.0  # the setup's part of estimated_s (with the PCA projection)
     estimated_greedy_s: float = 0.0  # the greedy passes' part (the rest: the exact objective)
+    step_kind: str = "full"  # selection.calibrate.step_kind of the plan's greedy step
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
@@ -561,6 +566,7 @@ class _Planner:
         plan = _Plan(kind, dim, classes, pf, reason, float(sum(phases.values())), mem, samples=samples)
         plan.estimated_setup_s = phases["setup"]
         plan.estimated_greedy_s = phases["forward"] + phases["backward"]
+        plan.step_kind = step_kind(self.r, rc)
         plan.oversample = ov
         plan.objective = obj
         return plan

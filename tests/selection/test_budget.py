@@ -64,12 +64,12 @@ def test_measurement_stops_at_its_cap_and_scales_the_table(fresh_rates: Any, mon
     rates = calibrate.measure(CPU, F64, 2, cap_s=0.2)
     # 0.15 s after the first stage is under the cap, 0.30 s after the second is not.
     assert stages.ran == ["gemm", "dense"]
-    assert not rates.complete and "partial (2 of 6 stages" in rates.source
+    assert not rates.complete and f"partial (2 of {len(calibrate._RATE_NAMES)} stages" in rates.source
     table = calibrate.TABLE[("cpu", F64)]
     for name in calibrate._RATE_NAMES:  # the measured ones were 2x the table: so are the scaled ones
         assert calibrate._table_value(rates, name) == pytest.approx(2.0 * calibrate._table_value(table, name))
     whole = calibrate.measure(CPU, F64, 2, cap_s=10.0)
-    assert whole.complete and len(stages.ran) == 2 + 6
+    assert whole.complete and len(stages.ran) == 2 + len(calibrate._RATE_NAMES)
 
 
 def test_a_small_budget_measures_less_and_a_later_call_completes_it_once(
@@ -99,15 +99,67 @@ def test_observed_times_correct_the_phases(fresh_rates: Any, monkeypatch: pytest
         mode="fisher", device=CPU, dtype=F64, threads=2,
     )  # fmt: skip
     before = estimate_phases(**kw)
-    calibrate.observe(CPU, F64, 2, phase="setup", estimated=before["setup"], measured=4 * before["setup"])
+    kind = calibrate.step_kind(99, 16)
+    calibrate.observe(CPU, F64, 2, phase="setup", estimated=before["setup"], measured=4 * before["setup"], kind=kind)
     after = estimate_phases(**kw)
     assert after["setup"] == pytest.approx(2 * before["setup"])  # half-way in log: sqrt(4)
     assert after["forward"] == pytest.approx(before["forward"])
-    calibrate.observe(CPU, F64, 2, phase="greedy", estimated=before["forward"], measured=1e-3)  # too short
+    calibrate.observe(CPU, F64, 2, phase="greedy", estimated=before["forward"], measured=1e-3, kind=kind)  # too short
     assert estimate_phases(**kw)["forward"] == pytest.approx(before["forward"])
     monkeypatch.setenv("BAIT_RATES", "table")  # the table is never corrected
-    calibrate.observe(CPU, F64, 2, phase="setup", estimated=1.0, measured=10.0)
+    calibrate.observe(CPU, F64, 2, phase="setup", estimated=1.0, measured=10.0, kind=kind)
     assert estimate_phases(**kw)["setup"] == pytest.approx(before["setup"])
+
+
+def test_correction_factors_are_kept_per_step_kind(fresh_rates: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of one kind of plan (here rank one, under-estimated 4x) corrects that kind only: the next
+    all-classes and class-approximation plans keep their estimates."""
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calibrate.TABLE[("cpu", F64)])
+    common: dict[str, Any] = dict(
+        n_rows=2000, n_design=200, n_forward=10, n_backward=0, mode="fisher", device=CPU, dtype=F64, threads=2
+    )  # fmt: skip
+    rank1 = dict(common, n_cand=10**6, d=64, r=1, rc=1)
+    full = dict(common, n_cand=1800, d=16, r=9, rc=9)
+    classes = dict(common, n_cand=1800, d=16, r=99, rc=16)
+    assert calibrate.step_kind(1, 1) == "rank1"
+    assert calibrate.step_kind(9, 9) == "full"
+    assert calibrate.step_kind(99, 16) == "classes"
+    before = {name: estimate_phases(**kw) for name, kw in (("rank1", rank1), ("full", full), ("classes", classes))}
+    est = before["rank1"]["forward"]
+    assert est > calibrate.OBSERVE_MIN_S
+    calibrate.observe(CPU, F64, 2, phase="greedy", estimated=est, measured=4 * est, kind="rank1")
+    assert calibrate.factors(CPU, F64, 2) == {"greedy": {"rank1": pytest.approx(2.0, rel=1e-2)}}
+    assert estimate_phases(**rank1)["forward"] == pytest.approx(2 * est)
+    assert estimate_phases(**full) == pytest.approx(before["full"])
+    assert estimate_phases(**classes) == pytest.approx(before["classes"])
+    with pytest.raises(ValueError, match="step kind"):
+        calibrate.observe(CPU, F64, 2, phase="greedy", estimated=1.0, measured=2.0, kind="numpy")
+
+
+def test_rank_one_steps_are_costed_at_the_measured_rank_one_rate(fresh_rates: Any) -> None:
+    """The rank-one step reads X from memory: its estimate follows the rank1 rate (bytes of X per second),
+    not the cache-resident stream rate, and halving the rate doubles the pool-sized part of a step."""
+    table = calibrate.TABLE[("cpu", torch.float32)]
+    kw: dict[str, Any] = dict(
+        n_rows=10**6, n_cand=10**6, d=64, r=1, rc=1, n_forward=100, n_backward=0, n_design=20,
+        mode="fisher", device=CPU, dtype=torch.float32, threads=2,
+    )  # fmt: skip
+    fast = estimate_phases(**kw, rates=table)["forward"]
+    slow = estimate_phases(**kw, rates=replace(table, rank1=table.rank1 / 2))["forward"]
+    streamed = estimate_phases(**kw, rates=replace(table, stream=table.stream * 10))["forward"]
+    pool_part = 100 * 10**6 * 64 * 4 / table.rank1
+    assert fast == pytest.approx(pool_part, rel=0.05)
+    assert slow == pytest.approx(fast + pool_part, rel=0.05)
+    assert streamed == pytest.approx(fast, rel=0.05)
+
+
+def test_a_rank_one_step_gives_every_worker_thread_a_chunk() -> None:
+    from selection.linalg import RANK_ONE_MIN_CHUNK, rank_one_chunk
+
+    assert rank_one_chunk(100_000, 2, 2**18) == 50_000  # one chunk of 10^5 rows left a core idle
+    assert rank_one_chunk(10**7, 2, 2**18) == 2**18  # big pools: chunks at the cap
+    assert rank_one_chunk(1000, 2, 2**18) == RANK_ONE_MIN_CHUNK  # small pools: one chunk
+    assert rank_one_chunk(100_000, 1, 2**18) == 100_000
 
 
 def test_the_setup_estimate_counts_what_grows_with_d_k_and_the_design() -> None:
