@@ -56,9 +56,9 @@ def run(settings: Settings, burst: bool = False, name: str | None = None) -> int
     check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
     queue = RQQueue(settings)
     env = context.configure(settings, queue=queue)  # jobs that create jobs submit them here
-    if settings.warm_up:  # a first batch should not pay torch's start-up (worker/threads.py)
-        threads.warm_up(settings.job_threads)
     device = resolve_device(settings.device)
+    if settings.warm_up:  # a first batch should not pay torch's start-up nor the rates' measurement
+        threads.warm_up(settings.job_threads, device)
     log.info(
         "worker on queue %r, device %s, database %s", settings.queue_name, device, settings.database_url.split("@")[-1]
     )

@@ -48,7 +48,7 @@ def configure(settings: Settings, queue: JobQueue | None = None) -> None:
     ``BAIT_WARM_UP=false``)."""
     context.configure(settings, queue=queue)
     if settings.warm_up:
-        threads.warm_up(settings.job_threads)
+        threads.warm_up(settings.job_threads, resolve_device(settings.device))
 
 
 def resolve_device(setting: str) -> str:

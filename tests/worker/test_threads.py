@@ -56,9 +56,19 @@ def test_bait_select_leaves_the_callers_threads_alone(two_threads: None, monkeyp
     assert torch.get_num_threads() == 2
 
 
-def test_warm_up_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_up_runs_once_per_process_and_measures_the_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from selection import calibrate
+    from selection.bait.threads import resolve_threads
+
+    monkeypatch.delenv("BAIT_RATES", raising=False)
     monkeypatch.setattr(threads, "_warmed", False)
+    calibrate.clear_cache()
+    cpu = torch.device("cpu")
     assert threads.warm_up() > 0.0
+    # the first batch's plan then uses rates measured at the worker's start (float32 and float64 pools)
+    for dtype in (torch.float32, torch.float64):
+        assert calibrate.cached(cpu, dtype, resolve_threads(cpu))
+        assert "measured" in calibrate.machine_rates(cpu, dtype, resolve_threads(cpu)).source
     assert threads.warm_up() == 0.0
 
 
