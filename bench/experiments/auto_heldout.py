@@ -134,17 +134,42 @@ LR = {"full": 1e-3, "smoke": 1e-2}
 SMOKE_DATASETS = ("synthetic-multiclass",)
 
 
-def heldout_datasets() -> list[str]:
-    """The suite's held-out half, in registry order."""
+def heldout_datasets(half: str = "heldout") -> list[str]:
+    """The suite's held-out half (or its ``tune`` half), in registry order."""
     from bench.suite.registry import REGISTRY
 
-    return [name for name, spec in REGISTRY.items() if spec.half == "heldout"]
+    return [name for name, spec in REGISTRY.items() if spec.half == half]
 
 
-def specs(task: str) -> list[StrategySpec]:
-    """The fixed strategies of ``task`` (library defaults) and ``auto``."""
+def is_auto(name: str) -> bool:
+    """Whether a strategy name of this experiment is ``auto`` or one of its variants (:func:`auto_spec`)."""
+    return name == AUTO or name.startswith(AUTO + "-")
+
+
+def auto_spec(name: str, task: str) -> StrategySpec:
+    """``auto`` (library defaults) or a variant: ``auto-uniform`` (uniform prior: ``prior_bait = 1 / K``, gamma
+    0.2, the bandit before the prior was chosen) or ``auto-p<prior_bait>-g<gamma>``."""
+    if name == AUTO:
+        return StrategySpec(AUTO, "auto")
+    k = len(CLASSIFICATION_FIXED if task == "classification" else REGRESSION_FIXED)
+    if name == AUTO + "-uniform":
+        return StrategySpec(name, "auto", params={"prior_bait": 1.0 / k, "gamma": 0.2})
+    parts = name.split("-")
+    try:
+        if len(parts) != 3 or not parts[1].startswith("p") or not parts[2].startswith("g"):
+            raise ValueError
+        return StrategySpec(name, "auto", params={"prior_bait": float(parts[1][1:]), "gamma": float(parts[2][1:])})
+    except ValueError:
+        raise SystemExit(f"unknown auto variant {name!r}: use auto, auto-uniform or auto-p<prior>-g<gamma>") from None
+
+
+def specs(task: str, names: Sequence[str] | None = None) -> list[StrategySpec]:
+    """The fixed strategies of ``task`` (library defaults) and ``auto``; ``names`` keeps those named (fixed
+    strategies the task does not have are left out) and adds the ``auto`` variants named."""
     fixed = CLASSIFICATION_FIXED if task == "classification" else REGRESSION_FIXED
-    return [*(StrategySpec(name, name) for name in fixed), StrategySpec(AUTO, "auto")]
+    if names is None:
+        return [*(StrategySpec(name, name) for name in fixed), StrategySpec(AUTO, "auto")]
+    return [StrategySpec(n, n) if n in fixed else auto_spec(n, task) for n in names if n in fixed or is_auto(n)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,7 +328,13 @@ class AutoHook:
 
 
 def run(
-    datasets: Sequence[str], size: Mapping[str, int], seeds: Sequence[int], out: Path, lr: float, quiet: bool
+    datasets: Sequence[str],
+    size: Mapping[str, int],
+    seeds: Sequence[int],
+    out: Path,
+    lr: float,
+    quiet: bool,
+    strategies: Sequence[str] | None = None,
 ) -> None:
     prepared = [make_setting(d, size, lr) for d in datasets]  # loads first: a missing dataset fails early
     store = ResultStore(out)
@@ -312,7 +343,7 @@ def run(
         hook = AutoHook(setting, X_val, y_val, stop_rows, log)
         run_grid(
             [setting],
-            specs(setting.split.task),
+            specs(setting.split.task, strategies),
             seeds,
             store,
             desc=setting.config,
@@ -367,30 +398,37 @@ def auto_comparisons(rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[
     out: list[dict[str, Any]] = []
     for cfg in sorted({str(r["dataset"]) for r in table}):
         mine = {str(r["strategy"]): r for r in table if r["dataset"] == cfg}
-        if AUTO not in mine:
+        fixed = [s for s in mine if not is_auto(s)]
+        if not fixed or "random" not in mine:
             continue
-        fixed = [s for s in mine if s != AUTO]
         best = max(fixed, key=lambda s: float(mine[s]["norm_area"]))
-        rec: dict[str, Any] = {"dataset": cfg, "metric": mine[AUTO]["metric"], "best_fixed": best}
-        for role, other in (("best", best), ("random", "random")):
-            diff, t, verdict, n = heldout.compare_areas(
-                seeds[cfg][AUTO], seeds[cfg][other], m0[cfg], mine[AUTO]["metric"]
-            )
-            rec[role] = {"diff": diff, "t": t, "verdict": verdict, "n_seeds": n}
-        rec["t_critical"] = t_threshold(rec["best"]["n_seeds"]) if rec["best"]["n_seeds"] >= 2 else math.inf
-        rec["any_above_random"] = any(float(mine[s]["norm_area"]) > 0 for s in fixed if s != "random")
-        out.append(rec)
+        for variant in sorted(s for s in mine if is_auto(s)):
+            rec: dict[str, Any] = {
+                "dataset": cfg,
+                "strategy": variant,
+                "metric": mine[variant]["metric"],
+                "best_fixed": best,
+            }
+            for role, other in (("best", best), ("random", "random")):
+                diff, t, verdict, n = heldout.compare_areas(
+                    seeds[cfg][variant], seeds[cfg][other], m0[cfg], mine[variant]["metric"]
+                )
+                rec[role] = {"diff": diff, "t": t, "verdict": verdict, "n_seeds": n}
+            rec["t_critical"] = t_threshold(rec["best"]["n_seeds"]) if rec["best"]["n_seeds"] >= 2 else math.inf
+            rec["any_above_random"] = any(float(mine[s]["norm_area"]) > 0 for s in fixed if s != "random")
+            out.append(rec)
     return out
 
 
 def arm_shares(log: RoundLog) -> list[dict[str, Any]]:
     """Per dataset: the share of auto's rounds that drew each arm, and of its picks per arm."""
-    drawn: dict[str, dict[str, int]] = {}
-    picked: dict[str, dict[str, int]] = {}
-    cold: dict[str, int] = {}
-    for (cfg, strategy, _, _), rec in log.records.items():
-        if strategy != AUTO or rec.get("auto") is None:
+    drawn: dict[tuple[str, str], dict[str, int]] = {}
+    picked: dict[tuple[str, str], dict[str, int]] = {}
+    cold: dict[tuple[str, str], int] = {}
+    for (name, strategy, _, _), rec in log.records.items():
+        if not is_auto(strategy) or rec.get("auto") is None:
             continue
+        cfg = (name, strategy)
         a = rec["auto"]
         drawn.setdefault(cfg, {}).setdefault(a["arm"], 0)
         drawn[cfg][a["arm"]] += 1
@@ -403,7 +441,8 @@ def arm_shares(log: RoundLog) -> list[dict[str, Any]]:
         n_rounds, n_picks = sum(drawn[cfg].values()), sum(picked[cfg].values())
         out.append(
             {
-                "dataset": cfg,
+                "dataset": cfg[0],
+                "strategy": cfg[1],
                 "rounds": n_rounds,
                 "cold_rounds": cold[cfg],
                 "round_share": {a: c / n_rounds for a, c in sorted(drawn[cfg].items())},
@@ -543,23 +582,31 @@ def summary_md(report: Mapping[str, Any]) -> str:
         "",
         "## auto against the best fixed strategy and random (per-seed areas, paired t)",
         "",
-        "| dataset | best fixed | auto − best (t) | verdict | auto − random (t) | verdict | t critical | "
-        "a fixed strategy above random |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | auto variant | best fixed | auto − best (t) | verdict | auto − random (t) | verdict | "
+        "t critical | a fixed strategy above random |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in report["auto_vs"]:
         b, rnd = c["best"], c["random"]
         lines.append(
-            f"| {c['dataset']} | {c['best_fixed']} | {b['diff']:+.4f} ({b['t']:+.2f}) | {b['verdict']} | "
+            f"| {c['dataset']} | {c.get('strategy', AUTO)} | {c['best_fixed']} | {b['diff']:+.4f} ({b['t']:+.2f}) | "
+            f"{b['verdict']} | "
             f"{rnd['diff']:+.4f} ({rnd['t']:+.2f}) | {rnd['verdict']} | {c['t_critical']:.2f} | "
             f"{'yes' if c['any_above_random'] else 'no'} |"
         )
-    lines += ["", "## Arms auto chose", "", "| dataset | rounds (cold) | share of rounds | share of picks |"]
-    lines.append("|---|---|---|---|")
+    lines += [
+        "",
+        "## Arms auto chose",
+        "",
+        "| dataset | auto variant | rounds (cold) | share of rounds | share of picks |",
+        "|---|---|---|---|---|",
+    ]
     for a in report["arm_shares"]:
         rs = ", ".join(f"{k} {v:.0%}" for k, v in a["round_share"].items())
         ps = ", ".join(f"{k} {v:.0%}" for k, v in a["pick_share"].items())
-        lines.append(f"| {a['dataset']} | {a['rounds']} ({a['cold_rounds']}) | {rs} | {ps} |")
+        lines.append(
+            f"| {a['dataset']} | {a.get('strategy', AUTO)} | {a['rounds']} ({a['cold_rounds']}) | {rs} | {ps} |"
+        )
     lines += [
         "",
         "## Stopping rule",
@@ -625,6 +672,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="one synthetic dataset, 2 seeds, 3 rounds, tiny sizes: < 60 s")
     p.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_ROOT / EXPERIMENT})")
     p.add_argument("--datasets", default=None, help="comma-separated (default: the suite's held-out half)")
+    p.add_argument(
+        "--half",
+        choices=("heldout", "tune"),
+        default="heldout",
+        help="the suite's half whose datasets run by default (tune: to choose auto's defaults)",
+    )
+    p.add_argument(
+        "--strategies",
+        default=None,
+        help="comma-separated: fixed strategies and auto variants (auto, auto-uniform, auto-p<prior>-g<gamma>); "
+        "default: the fixed strategies and auto",
+    )
     p.add_argument("--seeds", default=None, help="'10' (= 0-9), '0-9' or '0,3' (default 10; smoke 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate of the head (default 1e-3; smoke 1e-2)")
@@ -648,13 +707,14 @@ def main(argv: Sequence[str] | None = None) -> Path:
     datasets = (
         [d for d in args.datasets.split(",") if d]
         if args.datasets
-        else list(SMOKE_DATASETS if args.smoke else heldout_datasets())
+        else list(SMOKE_DATASETS if args.smoke else heldout_datasets(args.half))
     )
+    strategies = [x for x in args.strategies.split(",") if x] if args.strategies else None
     argv_list = list(argv) if argv is not None else sys.argv[1:]
     if args.phase in ("run", "all"):
         extra = {"phase": "run", "datasets": datasets, "size": size, "seeds": seeds, "lr": lr}
         with recorded_run(out, MODULE, argv_list, **extra):
-            run(datasets, size, seeds, out, lr, args.quiet)
+            run(datasets, size, seeds, out, lr, args.quiet, strategies)
     if args.phase in ("report", "all"):
         report(out)
     return out

@@ -150,7 +150,8 @@ CATALOG: dict[str, StrategySpec] = {
             ("embeddings",),
             history=("Any", None),
             explore=("float", 0.1),
-            gamma=("float", 0.2),
+            gamma=("float", 0.1),
+            prior_bait=("float", 0.9),
             cold=("bool | None", None),
         ),
         _spec(
@@ -420,6 +421,8 @@ def _value_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | Non
         return "must be a number in [0, 1]"
     if key == "gamma" and not 0 < value <= 1:
         return "must be a number in (0, 1]"
+    if key == "prior_bait" and not 0 <= value <= 1:
+        return "must be a number in [0, 1]"
     if key == "history":
         return _history_problem(value)
     if key in COLD_START_LIMITS:

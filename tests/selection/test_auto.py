@@ -42,10 +42,12 @@ def test_registered_for_both_tasks_model_optional() -> None:
     info = STRATEGIES["auto"]
     assert info.tasks == ("classification", "regression")
     assert info.inputs == ("embeddings",)
-    assert set(info.params) == {"history", "explore", "gamma", "cold"}
+    assert set(info.params) == {"history", "explore", "gamma", "prior_bait", "cold"}
 
 
 def test_same_seed_same_round_and_explore_share() -> None:
+    from selection.auto import GAMMA, PRIOR_BAIT
+
     X, P, _ = pool()
     a = select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=4)
     b = select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=4)
@@ -53,7 +55,10 @@ def test_same_seed_same_round_and_explore_share() -> None:
     d = a.diagnostics["auto"]
     assert d == b.diagnostics["auto"]
     assert d["cold"] is False and d["arms_in_play"] == list(WARM_ARMS["classification"])
-    assert d["probabilities"] == pytest.approx(dict.fromkeys(WARM_ARMS["classification"], 0.25))
+    rest = (1 - GAMMA) * (1 - PRIOR_BAIT) / 3 + GAMMA / 4  # no history yet: the prior
+    assert d["probabilities"] == pytest.approx(
+        {"bait": (1 - GAMMA) * PRIOR_BAIT + GAMMA / 4, "badge": rest, "margin": rest, "random": rest}
+    )
     arms = d["round"]["arms"]
     assert len(arms) == 10 and d["round"]["picks"] == a.indices.tolist()
     if d["arm"] != "random":
@@ -95,12 +100,36 @@ def test_bandit_moves_towards_the_arm_whose_model_is_accurate() -> None:
         # the model trained after a bait round is right on the next round's uniform picks; after margin, wrong
         after_bait = t > 0 and rounds[-1]["arm"] == "bait"
         rounds.append(a_round(arm, q, [True] * 8 + [after_bait] * 2))
-    dist, ev = bandit(check_history(rounds), WARM_ARMS["classification"], 0.2, "classification")
+    dist, ev = bandit(check_history(rounds), WARM_ARMS["classification"], 0.2, "classification", prior_bait=0.25)
     assert ev.mode == "importance_weighted_accuracy" and len(ev.rewards) == 11 and ev.biased == 0
     # margin earned reward 0, like the arms never played: only their exploration bonus
     assert dist["bait"] > dist["badge"] == pytest.approx(dist["margin"]) == pytest.approx(dist["random"])
     assert sum(dist.values()) == pytest.approx(1.0)
     assert min(dist.values()) >= 0.2 / 4 - 1e-12  # gamma / K floor
+
+
+def test_the_prior_starts_on_bait_and_evidence_moves_it() -> None:
+    """Without evidence the warm arms start from the prior (bait PRIOR_BAIT, the rest shared); rounds where
+    bait's model is wrong and margin's right move weight from bait to margin; cold arms start uniform."""
+    from selection.auto import GAMMA, PRIOR_BAIT, prior_weights
+
+    arms = WARM_ARMS["classification"]
+    start, _ = bandit([], arms, GAMMA, "classification")
+    assert start["bait"] == pytest.approx((1 - GAMMA) * PRIOR_BAIT + GAMMA / 4)
+    assert start["badge"] == pytest.approx(start["margin"]) == pytest.approx(start["random"])
+    assert start["bait"] > 0.8
+    assert prior_weights(("typiclust", "kmeanspp", "random"), 0.9) == pytest.approx(
+        dict.fromkeys(("typiclust", "kmeanspp", "random"), 1 / 3)
+    )
+    uniform, _ = bandit([], arms, GAMMA, "classification", prior_bait=0.25)
+    assert uniform == pytest.approx(dict.fromkeys(arms, 0.25))
+    rounds = []
+    for t in range(30):
+        arm = ("bait", "margin")[t % 2]
+        after_margin = t > 0 and rounds[-1]["arm"] == "margin"
+        rounds.append(a_round(arm, start, [True] * 8 + [after_margin] * 2))
+    moved, _ = bandit(check_history(rounds), arms, GAMMA, "classification")
+    assert moved["margin"] > start["margin"] and moved["bait"] < start["bait"]
 
 
 def test_validation_gains_give_the_dashboard_line() -> None:
@@ -162,7 +191,9 @@ def test_malformed_history_is_a_parameter_error(history: Any, match: str) -> Non
         select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=5, history=history)
 
 
-@pytest.mark.parametrize(("param", "value"), [("explore", 1.5), ("gamma", 0), ("explore", True), ("cold", "yes")])
+@pytest.mark.parametrize(
+    ("param", "value"), [("explore", 1.5), ("gamma", 0), ("explore", True), ("cold", "yes"), ("prior_bait", 1.5)]
+)
 def test_bad_parameters(param: str, value: Any) -> None:
     X, P, _ = pool()
     with pytest.raises(ParameterError, match=param):
@@ -186,7 +217,7 @@ def test_cold_rounds_without_validation_do_not_block_validation_evidence() -> No
         a_round("margin", warm_q, [True] * 6, val=0.7, n=30),
         a_round("bait", warm_q, [True] * 6, val=0.7, n=40),
     ]
-    _, ev = bandit(check_history(rounds), WARM_ARMS["classification"], 0.2, "classification")
+    _, ev = bandit(check_history(rounds), WARM_ARMS["classification"], 0.2, "classification", prior_bait=0.25)
     assert ev.mode == "validation"
     assert [(t, a) for t, a, _ in ev.rewards] == [(2, "bait"), (3, "margin")]
     assert ev.gains == [("bait", pytest.approx(100.0)), ("margin", pytest.approx(0.0))]
