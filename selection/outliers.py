@@ -77,7 +77,7 @@ class OutlierReport:
         return self.rows[self.flagged]
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-friendly summary (the flagged rows with their distances, and the rule's numbers)."""
+        """JSON-friendly summary (the rule's numbers and how many rows were checked and flagged)."""
         return {
             "rule": RULE,
             "c": self.c,
@@ -115,6 +115,123 @@ def _distances(X: torch.Tensor, med: torch.Tensor, scale: torch.Tensor, used: in
     return (z * z).sum(dim=1).div(max(used, 1)).sqrt()
 
 
+def _check_c(c: Any) -> None:
+    if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0:
+        raise ParameterError(f"c must be a finite number > 0, got {c!r}")
+
+
+def _check_sample(sample: Any) -> None:
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
+        raise ParameterError(f"sample must be an integer >= 2, got {sample!r}")
+
+
+def sample_positions(n: int, sample: int = DEFAULT_SAMPLE, seed: int = 0) -> np.ndarray:
+    """Row positions (ascending int64) the statistics are computed on: every row when ``n <= sample``, else the
+    first ``sample`` of ``torch.randperm(n)`` under a CPU generator seeded with ``seed``, sorted.
+
+    A function of ``(n, sample, seed)`` only, so a caller that holds the pool in pieces (the shards of a
+    cluster, in row order) reads the same rows as :func:`robust_outliers` does on the whole pool.
+    """
+    _check_sample(sample)
+    if n <= sample:
+        return np.arange(n, dtype=np.int64)
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int(seed))
+    return torch.randperm(n, generator=g)[:sample].sort().values.numpy().astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class OutlierStats:
+    """The rule's statistics from the sample (:func:`fit_stats`): what a row's distance and the cut need.
+
+    Attributes:
+        center: ``(d,)`` float64 per-dimension medians ``m_j``.
+        scale: ``(d,)`` float64 ``s_j`` (0: a constant dimension, ignored).
+        used: dimensions with ``s_j > 0``.
+        threshold, median, mad, c, n_sample: as in :class:`OutlierReport`.
+    """
+
+    center: np.ndarray
+    scale: np.ndarray
+    used: int
+    threshold: float
+    median: float
+    mad: float
+    c: float
+    n_sample: int
+
+    def summary(self, n_checked: int, n_flagged: int) -> dict[str, Any]:
+        """The rule's numbers as :meth:`OutlierReport.as_dict` writes them."""
+        return {
+            "rule": RULE,
+            "c": self.c,
+            "threshold": self.threshold,
+            "median_distance": self.median,
+            "mad_distance": self.mad,
+            "n_sample": self.n_sample,
+            "n_checked": int(n_checked),
+            "n_flagged": int(n_flagged),
+        }
+
+    def flagged(self, distances: np.ndarray) -> np.ndarray:
+        """Where ``distances`` (of :func:`row_distances`) are above the cut (never when every dimension of the
+        sample was constant)."""
+        if self.used == 0:
+            return np.zeros(np.shape(distances), dtype=bool)
+        return np.asarray(distances) > self.threshold
+
+
+def fit_stats(S: Any, c: float = DEFAULT_C) -> OutlierStats:
+    """The rule's statistics from the sample rows ``S`` (``m x d``, in sample order): per-dimension medians and
+    scales, then the median and MAD of the sample's robust distances and the cut.
+
+    Raises:
+        InputDataError: ``S`` is not a finite non-empty ``m x d`` array.
+        ParameterError: ``c`` out of range.
+    """
+    _check_c(c)
+    S = _as_tensor(S).to(torch.float64)
+    if not bool(torch.isfinite(S).all()):  # only the rows read are checked: the pool may be large
+        raise InputDataError("embeddings contain NaN or inf")
+    med, scale = _scales(S)
+    used = int((scale > 0).sum())
+    center, scale_np = med.cpu().numpy(), scale.cpu().numpy()
+    if used == 0:  # every dimension is constant on the sample: nothing can stand out but exact copies
+        return OutlierStats(center, scale_np, 0, 0.0, 0.0, 0.0, float(c), int(S.shape[0]))
+    d_sample = _distances(S, med, scale, used)
+    d_med = float(d_sample.median())
+    d_dev = (d_sample - d_med).abs()
+    d_mad = float(d_dev.median())
+    # as per dimension: a MAD of 0 (most rows at the same distance) falls back to the mean absolute deviation
+    spread = _MAD_TO_SD * d_mad if d_mad > 0 else _MEANAD_TO_SD * float(d_dev.mean())
+    threshold = d_med + float(c) * spread
+    return OutlierStats(center, scale_np, used, threshold, d_med, d_mad, float(c), int(S.shape[0]))
+
+
+def row_distances(X: Any, stats: OutlierStats, rows: Any = None) -> np.ndarray:
+    """Robust distances (float64) of the rows ``rows`` of ``X`` (every row when None) under ``stats``, computed in
+    float64 copies of at most 65,536 rows at a time. A row's distance depends on that row and ``stats`` only,
+    so a shard of the pool gives its rows the distances the whole pool gives them.
+
+    Raises:
+        InputDataError: a row checked is not finite.
+    """
+    T = X if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X))
+    idx = np.arange(int(T.shape[0]), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    if stats.used == 0:
+        return np.zeros(idx.shape[0], dtype=np.float64)
+    med = torch.as_tensor(stats.center, device=T.device)
+    scale = torch.as_tensor(stats.scale, device=T.device)
+    parts = []
+    for start in range(0, idx.shape[0], _CHUNK):  # float64 copies of at most _CHUNK rows at a time
+        rows_t = torch.as_tensor(idx[start : start + _CHUNK], device=T.device)
+        block = T[rows_t].to(torch.float64)
+        if not bool(torch.isfinite(block).all()):
+            raise InputDataError("embeddings contain NaN or inf in the rows checked")
+        parts.append(_distances(block, med, scale, stats.used).cpu().numpy())
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+
+
 def robust_outliers(
     X: Any,
     rows: Any = None,
@@ -124,6 +241,10 @@ def robust_outliers(
     seed: int = 0,
 ) -> OutlierReport:
     """Flag rows of ``X`` that lie far outside the pool's distribution (see the module's rule).
+
+    The pieces, for a caller that holds the pool in shards: :func:`sample_positions` (which rows the statistics
+    read), :func:`fit_stats` (the statistics from those rows), :func:`row_distances` and
+    :meth:`OutlierStats.flagged` (any rows against them).
 
     Args:
         X: ``n x d`` embeddings of the whole pool (numpy or torch, any device).
@@ -139,10 +260,8 @@ def robust_outliers(
         InputDataError: ``X`` is not a finite ``n x d`` array.
         ParameterError: ``c``, ``sample`` or ``rows`` out of range.
     """
-    if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0:
-        raise ParameterError(f"c must be a finite number > 0, got {c!r}")
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
-        raise ParameterError(f"sample must be an integer >= 2, got {sample!r}")
+    _check_c(c)
+    _check_sample(sample)
     T = _as_tensor(X)
     n = int(T.shape[0])
     if rows is None:
@@ -154,44 +273,16 @@ def robust_outliers(
         idx = idx.astype(np.int64, copy=False)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise ParameterError(f"rows must be in [0, {n}), got {int(idx.min())}..{int(idx.max())}")
-    if n > sample:
-        g = torch.Generator(device="cpu")
-        g.manual_seed(int(seed))
-        pick = torch.randperm(n, generator=g)[:sample].sort().values.to(T.device)
-        S = T[pick]
-    else:
-        S = T
-    S = S.to(torch.float64)
-    if not bool(torch.isfinite(S).all()):  # only the rows read are checked: the pool may be large
-        raise InputDataError("embeddings contain NaN or inf")
-    med, scale = _scales(S)
-    used = int((scale > 0).sum())
-    if used == 0:  # every dimension is constant on the sample: nothing can stand out but exact copies
-        dist = torch.zeros(idx.shape[0], dtype=torch.float64)
-        return OutlierReport(idx, dist.numpy(), np.zeros(idx.shape[0], dtype=bool), 0.0, 0.0, 0.0, float(c), S.shape[0])
-    d_sample = _distances(S, med, scale, used)
-    d_med = float(d_sample.median())
-    d_dev = (d_sample - d_med).abs()
-    d_mad = float(d_dev.median())
-    # as per dimension: a MAD of 0 (most rows at the same distance) falls back to the mean absolute deviation
-    spread = _MAD_TO_SD * d_mad if d_mad > 0 else _MEANAD_TO_SD * float(d_dev.mean())
-    threshold = d_med + float(c) * spread
-    parts = []
-    for start in range(0, idx.shape[0], _CHUNK):  # float64 copies of at most _CHUNK rows at a time
-        rows_t = torch.as_tensor(idx[start : start + _CHUNK], device=T.device)
-        block = T[rows_t].to(torch.float64)
-        if not bool(torch.isfinite(block).all()):
-            raise InputDataError("embeddings contain NaN or inf in the rows checked")
-        parts.append(_distances(block, med, scale, used).cpu().numpy())
-    dist_np = np.concatenate(parts) if parts else np.zeros(0)
-    flagged = dist_np > threshold
+    S = T[torch.as_tensor(sample_positions(n, sample, seed), device=T.device)] if n > sample else T
+    stats = fit_stats(S, c)
+    dist = row_distances(T, stats, idx)
     return OutlierReport(
         rows=idx,
-        distances=dist_np,
-        flagged=flagged,
-        threshold=threshold,
-        median=d_med,
-        mad=d_mad,
-        c=float(c),
-        n_sample=int(S.shape[0]),
+        distances=dist,
+        flagged=stats.flagged(dist),
+        threshold=stats.threshold,
+        median=stats.median,
+        mad=stats.mad,
+        c=stats.c,
+        n_sample=stats.n_sample,
     )

@@ -4,7 +4,9 @@ and the gather of the kept rows (:mod:`selection.bait_passes`). The greedy runs 
 
 Every task reads its own shard from the store (tasks carry paths, never arrays). The job's process receives each
 shard's short candidate lists, the root of the Fisher reduction (one ``D x D`` matrix) and the rows it asked for:
-the kept candidates and the design. Tasks are retried twice, like the top-``B`` strategies' (:mod:`worker.distributed`).
+the kept candidates and the design. Rows ``dropped`` (the outliers ``exclude_outliers`` leaves out) are removed from
+each shard as it is read, so every pass sees the pool without them, as the single-process batch does. Tasks are
+retried twice, like the top-``B`` strategies' (:mod:`worker.distributed`).
 """
 
 from __future__ import annotations
@@ -54,12 +56,30 @@ def _worker_name() -> str:
         return "local"
 
 
+def read_kept(path: str, dropped: np.ndarray | None) -> tuple[np.ndarray, list[str], np.ndarray, int]:
+    """A shard's rows (:func:`worker.pool_store.read_shard`) without those whose item ids are in ``dropped``."""
+    ids, external_ids, X, nbytes = pool_store.read_shard(path)
+    if dropped is not None and dropped.size:
+        keep = ~np.isin(ids, dropped)
+        if not keep.all():
+            ids, X = ids[keep], X[keep]
+            external_ids = [e for e, k in zip(external_ids, keep.tolist(), strict=True) if k]
+    return ids, external_ids, X, nbytes
+
+
 def scores_task(
-    path: str, excluded: np.ndarray, head_blob: bytes, prefilter: dict[str, Any], seed: int, fisher: bool
+    path: str,
+    excluded: np.ndarray,
+    head_blob: bytes,
+    prefilter: dict[str, Any],
+    seed: int,
+    fisher: bool,
+    dropped: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """One Dask task of the scores pass: read the shard, run :func:`selection.bait_passes.shard_scores`."""
+    """One Dask task of the scores pass: read the shard (without ``dropped``), run
+    :func:`selection.bait_passes.shard_scores`."""
     t0 = time.perf_counter()
-    ids, _external, X, nbytes = pool_store.read_shard(path)
+    ids, _external, X, nbytes = read_kept(path, dropped)
     t1 = time.perf_counter()
     head = load_checkpoint(head_blob, device="cpu")
     part = shard_scores(ids, excluded, X, head, Prefilter(**prefilter), seed, fisher=fisher)
@@ -86,10 +106,10 @@ def fisher_of(result: dict[str, Any]) -> np.ndarray:
     return np.asarray(fmat)
 
 
-def rows_task(path: str, wanted: np.ndarray, head_blob: bytes) -> dict[str, Any]:
-    """One Dask task of the gather: the head's outputs on the shard's rows in ``wanted``."""
+def rows_task(path: str, wanted: np.ndarray, head_blob: bytes, dropped: np.ndarray | None = None) -> dict[str, Any]:
+    """One Dask task of the gather: the head's outputs on the shard's rows in ``wanted`` (never a ``dropped`` one)."""
     t0 = time.perf_counter()
-    ids, external_ids, X, nbytes = pool_store.read_shard(path)
+    ids, external_ids, X, nbytes = read_kept(path, dropped)
     t1 = time.perf_counter()
     head = load_checkpoint(head_blob, device="cpu")
     rows = shard_rows(ids, external_ids, X, wanted, head)
@@ -106,7 +126,8 @@ def rows_task(path: str, wanted: np.ndarray, head_blob: bytes) -> dict[str, Any]
 class Gathered:
     """The rows the greedy selects from (item ids ascending: the design and the kept candidates), the
     pre-filter's result (None when every candidate was kept), the pool Fisher's sum over every row of the
-    pool (None when not reduced) and the diagnostics of the passes."""
+    pool (None when not reduced), the pool's rows (``n_pool``: without the dropped ones) and the diagnostics of
+    the passes."""
 
     ids: np.ndarray
     external_ids: list[str]
@@ -154,7 +175,7 @@ class _PassLog:
 def _scores_pass(
     client: Client,
     manifest: pool_store.Manifest,
-    inputs: tuple[Any, Any],
+    inputs: tuple[Any, Any, Any],
     seed: int,
     prefilter: Prefilter,
     fisher: bool,
@@ -165,7 +186,7 @@ def _scores_pass(
 ) -> tuple[Kept, np.ndarray | None]:
     """The scores pass over every shard (with the pool Fisher's tree reduction when ``fisher``), merged."""
     t0 = time.perf_counter()
-    excluded_f, head_f = inputs
+    excluded_f, head_f, dropped_f = inputs
     spec = {"top": prefilter.top, "random": prefilter.random, "score": prefilter.score, "seed": prefilter.seed}
     futures = [
         client.submit(
@@ -176,6 +197,7 @@ def _scores_pass(
             spec,
             seed,
             fisher,
+            dropped_f,
             key=f"bait-scores-{run}-{i:05d}",
             retries=TASK_RETRIES,
             pure=False,
@@ -206,6 +228,7 @@ def _gather_pass(
     manifest: pool_store.Manifest,
     wanted: np.ndarray | None,
     head_f: Any,
+    dropped_f: Any,
     run: str,
     log: _PassLog,
     wait: Callable[[list[Any], Progress | None], list[Any]],
@@ -223,7 +246,9 @@ def _gather_pass(
             if not mine.size:
                 continue
         key = f"bait-rows-{run}-{i:05d}"
-        jobs.append(client.submit(rows_task, shard.path, mine, head_f, key=key, retries=TASK_RETRIES, pure=False))
+        jobs.append(
+            client.submit(rows_task, shard.path, mine, head_f, dropped_f, key=key, retries=TASK_RETRIES, pure=False)
+        )
     gathered = wait(jobs, progress)
     log.timings["gather"] = time.perf_counter() - t
     log.stage("gather", gathered, len(jobs))
@@ -238,6 +263,7 @@ def gather_bait(
     seed: int,
     prefilter: Prefilter | None,
     fisher: bool,
+    dropped: np.ndarray | None = None,
     check: Check | None = None,
     progress: Progress | None = None,
     lost_after_s: float = 5.0,
@@ -253,6 +279,7 @@ def gather_bait(
         seed: the batch seed (the random stratum's keys).
         prefilter: the pre-filter, or None to gather every row (the greedy then sees the whole pool).
         fisher: reduce the pool Fisher (with a pre-filter only).
+        dropped: sorted int64 item ids left out of the pool (outliers, never design rows): no pass sees them.
         check: called while tasks run; raises to stop.
         progress: ``callback(tasks done, tasks)``.
         lost_after_s: with no worker for this long, the cluster counts as unavailable.
@@ -266,6 +293,10 @@ def gather_bait(
     excluded = np.ascontiguousarray(excluded, dtype=np.int64)
     excluded_f = client.scatter(excluded, broadcast=True, hash=False)
     head_f = client.scatter(head_blob, broadcast=True, hash=False)
+    n_dropped = 0 if dropped is None else int(dropped.shape[0])
+    dropped_f = None
+    if n_dropped:
+        dropped_f = client.scatter(np.ascontiguousarray(dropped, dtype=np.int64), broadcast=True, hash=False)
     log = _PassLog()
     kept: Kept | None = None
     fisher_sum: np.ndarray | None = None
@@ -276,13 +307,14 @@ def gather_bait(
     try:
         wanted = None
         if prefilter is not None:
-            inputs = (excluded_f, head_f)
+            inputs = (excluded_f, head_f, dropped_f)
             kept, fisher_sum = _scores_pass(client, manifest, inputs, seed, prefilter, fisher, run, log, wait, progress)
             wanted = np.union1d(excluded, kept.ids)
-        gathered = _gather_pass(client, manifest, wanted, head_f, run, log, wait, progress)
+        gathered = _gather_pass(client, manifest, wanted, head_f, dropped_f, run, log, wait, progress)
     finally:
-        excluded_f.release()
-        head_f.release()
+        for f in (excluded_f, head_f, dropped_f):
+            if f is not None:
+                f.release()
     parts: list[ShardRows] = sorted((r["rows"] for r in gathered), key=lambda p: int(p.ids[0]) if p.ids.size else -1)
     ids = np.concatenate([p.ids for p in parts])
     order = np.argsort(ids, kind="stable")
@@ -298,6 +330,7 @@ def gather_bait(
         "task_retries": TASK_RETRIES,
         "store_version": manifest.version,
         "rows": manifest.rows,
+        "rows_dropped": n_dropped,
         "rows_gathered": int(ids.shape[0]),
         "bytes_read": {**log.bytes_read, "shards": int(sum(log.bytes_read.values()))},
         "timings": {**log.timings, "passes": time.perf_counter() - t0},
@@ -309,7 +342,7 @@ def gather_bait(
         probs=probs,
         kept=kept,
         fisher_sum=fisher_sum,
-        n_pool=manifest.rows,
+        n_pool=manifest.rows - n_dropped,
         diagnostics=diagnostics,
     )
 

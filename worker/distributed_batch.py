@@ -16,6 +16,12 @@ With ``BAIT_DASK_SCHEDULER`` set and a strategy of :data:`selection.passes.TOP_B
 ``bait`` runs its pool-wide passes on the cluster (:mod:`worker.distributed_bait`: scores, the pool Fisher's tree
 reduction, the gather of the kept and design rows) and the exact greedy here on the gathered rows
 (:func:`_select_and_store_bait`); see docs/distributed.md.
+
+The outlier check (:mod:`worker.distributed_outliers`) runs on the cluster too, before the selection lock: the
+statistics from the single-process check's sample, read by the shards; with ``exclude_outliers`` a pass over every
+shard finds the rows above the cut, which the selection then leaves out of the pool (:func:`_prepare_outliers`).
+Without it the picks are checked against the statistics (:func:`_outliers_diagnostics`). ``random`` without
+``exclude_outliers`` is not checked, as in the single-process path.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -36,12 +43,13 @@ from selection.api import SelectionResult
 from selection.bait import DEFAULT_LAM, design_weights
 from selection.bait_passes import objective_with_fisher, stratum_weights
 from selection.heads import HeadConfig, TrainedHead, predict, save_checkpoint, train_head
+from selection.outliers import OutlierStats, row_distances
 from service.db import session_scope
 from service.domain import coldstart
 from service.domain.strategies import EXCLUDE_OUTLIERS
 from service.store import content as content_store
 from service.store.models import Pool
-from worker import context, distributed, distributed_bait, pool_store, quality, threads
+from worker import context, distributed, distributed_bait, distributed_outliers, pool_store, quality, steering, threads
 from worker.batch import (
     RESERVE_ATTEMPTS,
     ReservationConflict,
@@ -73,7 +81,8 @@ def _design(session: Session, pool: Pool, now: datetime) -> tuple[np.ndarray, li
     return np.asarray(labeled, dtype=np.int64), targets, np.asarray(reserved, dtype=np.int64)
 
 
-def _labeled_embeddings(session: Session, pool: Pool, ids: np.ndarray) -> np.ndarray:
+def _stored_embeddings(session: Session, pool: Pool, ids: np.ndarray) -> np.ndarray:
+    """The embeddings of the rows ``ids`` (item ids), read by id: the labeled rows, the picks."""
     d = int(pool.embedding_dim)
     found = content_store.embeddings_by_id(session, pool.id, ids.tolist())
     X = np.empty((ids.shape[0], d), dtype=np.float32)
@@ -100,8 +109,6 @@ def run(
             "engine_note": f"{spec.strategy} runs in the worker's process; on the Dask cluster so far: "
             + ", ".join(distributed.CLUSTER_STRATEGIES),
         }
-    if spec.params.get(EXCLUDE_OUTLIERS) is True:
-        return {"engine": "local", "engine_note": "exclude_outliers (the pool-wide outlier check) runs in the worker"}
     t0 = time.perf_counter()
     timings: dict[str, float] = {"queued": spec.queued_for}
     now = utcnow()
@@ -124,7 +131,7 @@ def run(
             cold = coldstart.decide(task, int(labeled_ids.shape[0]), counts, classes)
             if cold is not None:
                 return {"engine": "local", "engine_note": f"cold start ({cold.rule}) runs in the worker's process"}
-        X_labeled = _labeled_embeddings(s, pool, labeled_ids) if needs_model else None
+        X_labeled = _stored_embeddings(s, pool, labeled_ids) if needs_model else None
 
     t = time.perf_counter()
     tracker.stage("connect")
@@ -182,9 +189,101 @@ def _train(
     return trained, assessed
 
 
-Chooser = Callable[[np.ndarray], tuple[np.ndarray, list[str], SelectionResult]]
-"""``excluded item ids (the design) -> (picked or gathered item ids, their external ids, the result)``: a cluster
-selection run under the pool's selection lock."""
+Chooser = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, list[str], SelectionResult]]
+"""``(excluded item ids (the design), dropped item ids (outliers left out of the pool)) -> (picked or gathered item
+ids, their external ids, the result)``: a cluster selection run under the pool's selection lock."""
+
+
+@dataclass
+class _Outliers:
+    """What the batch's outlier check found before the selection: the statistics (None: not checked, a ``random``
+    batch without ``exclude_outliers``), the flagged rows of the whole store version (``exclude_outliers`` only)
+    and what the passes did."""
+
+    exclude: bool
+    stats: OutlierStats | None = None
+    flagged: distributed_outliers.Flagged | None = None
+    passes: dict[str, Any] = field(default_factory=dict)
+
+    def dropped(self, excluded: np.ndarray) -> np.ndarray:
+        """The flagged rows left out of the pool: all but the design's (labeled and reserved rows stay)."""
+        if self.flagged is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.setdiff1d(self.flagged.ids, excluded)
+
+
+def _prepare_outliers(
+    spec: _BatchSpec, client: Any, manifest: pool_store.Manifest, tracker: Tracker, timings: dict[str, float]
+) -> _Outliers:
+    """The outlier check's cluster passes (see the module): the sample and its statistics, and with
+    ``exclude_outliers`` the rows of the whole pool above the cut."""
+    exclude = spec.params.get(EXCLUDE_OUTLIERS) is True
+    if spec.strategy == "random" and not exclude:  # reads no embeddings: not checked, as in the worker's process
+        return _Outliers(exclude=False)
+    settings = context.env().settings
+    lost_after_s = float(settings.dask_connect_timeout_seconds)
+    t = time.perf_counter()
+    tracker.stage("outliers", 0, 0)
+    sampled = distributed.rerun_when_inputs_lost(
+        partial(
+            distributed_outliers.pool_stats,
+            client,
+            manifest,
+            spec.seed,
+            check=tracker.check,
+            progress=tracker.callback,
+            lost_after_s=lost_after_s,
+        )
+    )
+    out = _Outliers(exclude=exclude, stats=sampled.stats, passes={"sample": sampled.diagnostics})
+    if exclude:
+        out.flagged = distributed.rerun_when_inputs_lost(
+            partial(
+                distributed_outliers.flag_pool,
+                client,
+                manifest,
+                sampled.stats,
+                check=tracker.check,
+                progress=tracker.callback,
+                lost_after_s=lost_after_s,
+            )
+        )
+        out.passes["flag"] = out.flagged.diagnostics
+    timings["outliers"] = time.perf_counter() - t
+    return out
+
+
+def _outliers_diagnostics(
+    s: Session,
+    pool: Pool,
+    outliers: _Outliers,
+    dropped: np.ndarray,
+    picks: tuple[np.ndarray, list[str]],
+    n_pool: int,
+) -> dict[str, Any]:
+    """``diagnostics.outliers`` of a cluster batch, with the keys the single-process check writes
+    (:func:`worker.steering.select_checked`): the picks (item ids, in pick order) checked against the statistics
+    (their embeddings read by id), or with ``exclude_outliers`` what was left out."""
+    stats = outliers.stats
+    if stats is None:
+        return dict(steering.NOT_CHECKED)
+    if outliers.exclude:
+        flagged = outliers.flagged
+        assert flagged is not None
+        name_of = dict(zip(flagged.ids.tolist(), flagged.external_ids, strict=True))
+        return {
+            **stats.summary(n_pool, int(flagged.ids.shape[0])),
+            "checked": True,
+            "excluded": True,
+            "n_excluded": int(dropped.shape[0]),
+            "excluded_items": [name_of[int(i)] for i in dropped[:100]],
+            "items": [],
+        }
+    ids, names = picks
+    dist = row_distances(_stored_embeddings(s, pool, ids), stats)
+    hit = stats.flagged(dist)
+    items = [{"item_id": names[int(j)], "distance": float(dist[j])} for j in np.flatnonzero(hit)]
+    return {**stats.summary(int(ids.shape[0]), int(hit.sum())), "checked": True, "excluded": False, "items": items}
 
 
 def _ensure_store(
@@ -216,9 +315,11 @@ def _reserve_and_store(
     store: tuple[pool_store.Manifest, str],
     select_total: int,
     choose: Chooser,
+    outliers: _Outliers,
 ) -> None:
-    """Under the pool's selection lock: read the design as it is now, ``choose`` on the cluster, reserve and
-    store the batch with the single-process code; again when the chosen items were taken concurrently."""
+    """Under the pool's selection lock: read the design as it is now, ``choose`` on the cluster (without the flagged
+    rows outside the design, with ``exclude_outliers``), check the picks for outliers, reserve and store the batch
+    with the single-process code; again when the chosen items were taken concurrently."""
     manifest, store_how = store
     chosen = {"strategy_requested": spec.strategy, "strategy_used": spec.strategy, "cold_start": None, "engine": "dask"}
     timings.update(lock_wait=0.0, select=0.0, store=0.0)
@@ -236,13 +337,19 @@ def _reserve_and_store(
                 labeled_now, _targets, reserved_now = _design(s, pool, utcnow())
                 # as the single-process path: rows labeled since training count as in the design (never picked)
                 excluded = np.union1d(np.union1d(labeled_now, reserved_now), labeled_ids)
-                ids, external_ids, result = choose(excluded)
+                dropped = outliers.dropped(excluded)
+                ids, external_ids, result = choose(excluded, dropped)
+                rows = np.asarray(result.indices, dtype=np.int64)
+                picks = (ids[rows], [external_ids[int(r)] for r in rows])
+                noted = {**chosen, "outliers": _outliers_diagnostics(s, pool, outliers, dropped, picks, manifest.rows)}
+                if outliers.passes:
+                    result.diagnostics["outlier_passes"] = outliers.passes
                 timings["select"] += time.perf_counter() - t
                 t = time.perf_counter()
                 tracker.stage("store", 0, spec.size)
                 data = _store_view(ids, external_ids, manifest, labeled_ids, reserved_now, store_how)
                 n_others = int(np.setdiff1d(excluded, labeled_ids).shape[0])
-                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, chosen)
+                _store_batch(s, spec, data, trained, result, timings, run, ttl_s, (t0, t), n_others, assessed, noted)
             return
         except ReservationConflict:
             timings["store"] += time.perf_counter() - t
@@ -269,9 +376,10 @@ def _select_and_store(
     settings = context.env().settings
     store = _ensure_store(spec, factory, tracker, timings)
     manifest = store[0]
+    outliers = _prepare_outliers(spec, client, manifest, tracker, timings)
     head_blob = None if trained is None else save_checkpoint(trained)
 
-    def choose(excluded: np.ndarray) -> tuple[np.ndarray, list[str], SelectionResult]:
+    def choose(excluded: np.ndarray, dropped: np.ndarray) -> tuple[np.ndarray, list[str], SelectionResult]:
         picks = distributed.rerun_when_inputs_lost(
             partial(
                 distributed.select_top,
@@ -279,7 +387,8 @@ def _select_and_store(
                 manifest,
                 spec.strategy,
                 spec.size,
-                excluded,
+                # never candidates; for random, every row still draws its key (the sample does not move)
+                np.union1d(excluded, dropped),
                 head_blob,
                 spec.seed,
                 check=tracker.check,
@@ -302,7 +411,19 @@ def _select_and_store(
         return picks.ids, picks.external_ids, result
 
     _reserve_and_store(
-        spec, factory, tracker, ttl_s, labeled_ids, trained, assessed, t0, timings, store, len(manifest.shards), choose
+        spec,
+        factory,
+        tracker,
+        ttl_s,
+        labeled_ids,
+        trained,
+        assessed,
+        t0,
+        timings,
+        store,
+        len(manifest.shards),
+        choose,
+        outliers,
     )
 
 
@@ -345,19 +466,21 @@ def _select_and_store_bait(
     settings = context.env().settings
     store = _ensure_store(spec, factory, tracker, timings)
     manifest = store[0]
+    outliers = _prepare_outliers(spec, client, manifest, tracker, timings)
     head_blob = save_checkpoint(trained)
     task = trained.config.task
     d_pen = int(predict(trained, np.zeros((1, manifest.d), dtype=np.float32)).features.shape[1])
     r = 1 if task == "regression" else int(trained.config.n_outputs) - 1
-    params = {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM)}
+    params = {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM, EXCLUDE_OUTLIERS)}
 
-    def choose(excluded: np.ndarray) -> tuple[np.ndarray, list[str], SelectionResult]:
+    def choose(excluded: np.ndarray, dropped: np.ndarray) -> tuple[np.ndarray, list[str], SelectionResult]:
         workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+        n_pool = manifest.rows - int(dropped.shape[0])  # the dropped rows are not in the pool BAIT sees
         prefilter, fisher, why = distributed_bait.plan(
             params,
             task=task,
-            n_pool=manifest.rows,
-            n_cand=max(0, manifest.rows - int(excluded.shape[0])),
+            n_pool=n_pool,
+            n_cand=max(0, n_pool - int(excluded.shape[0])),
             n_design=int(excluded.shape[0]),
             d=d_pen,
             r=r,
@@ -375,6 +498,7 @@ def _select_and_store_bait(
                 spec.seed,
                 prefilter,
                 fisher,
+                dropped=dropped,
                 check=tracker.check,
                 progress=tracker.callback,
                 lost_after_s=float(settings.dask_connect_timeout_seconds),
@@ -383,7 +507,9 @@ def _select_and_store_bait(
         result = _greedy(spec, tracker, g, labeled_ids, excluded, params, device, why)
         return g.ids, g.external_ids, result
 
-    _reserve_and_store(spec, factory, tracker, ttl_s, labeled_ids, trained, assessed, t0, timings, store, 0, choose)
+    _reserve_and_store(
+        spec, factory, tracker, ttl_s, labeled_ids, trained, assessed, t0, timings, store, 0, choose, outliers
+    )
 
 
 def _greedy(

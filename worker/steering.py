@@ -30,6 +30,8 @@ from worker.pool_data import PoolArrays
 
 #: Earlier auto batches read as rounds (the newest ones).
 MAX_ROUNDS = 500
+#: ``diagnostics.outliers`` of a batch whose strategy reads no embeddings (random) without ``exclude_outliers``.
+NOT_CHECKED = {"checked": False, "reason": "the strategy reads no embeddings (send exclude_outliers to check)"}
 
 
 def auto_cold(task: str, classes: list[str] | None, data: PoolArrays) -> coldstart.ColdStart | None:
@@ -100,7 +102,7 @@ def select_checked(
     """
     if raw is None:
         out = run(embeddings=features, probs=probs, labeled=labeled, reserved=reserved)
-        return out, {"checked": False, "reason": "the strategy reads no embeddings (send exclude_outliers to check)"}
+        return out, dict(NOT_CHECKED)
     n = raw.shape[0]
     if not exclude:
         out = run(embeddings=features, probs=probs, labeled=labeled, reserved=reserved)

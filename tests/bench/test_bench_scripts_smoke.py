@@ -8,6 +8,7 @@ the mixed load on PostgreSQL + Redis + one RQ worker (the PostgreSQL + Redis pas
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -219,3 +220,28 @@ def test_distributed_scale_smoke_runs_bait_on_a_real_cluster_with_the_single_pro
             assert "engine dask; same picks" in cells[-1], (name, cells)
     assert "1 worker(s)" in rows["dask, 1 worker, store warm"][-1]
     assert "same picks as the single-process batch on every cluster row: yes" in out
+
+
+def test_auto_cost_smoke_times_auto_against_the_arm_it_plays(tmp_path: Path) -> None:
+    """bench/auto_cost.py at its smoke size: every case's history makes auto play the arm named (the script raises
+    otherwise), and each row has auto's time, the fixed strategy's and the overheads."""
+    out = _run([str(ROOT / "bench" / "auto_cost.py"), "--smoke", "--json", str(tmp_path / "auto.json")], timeout=300)
+    rows = _table(out)
+    assert rows.pop("case")[:2] == ["arm", "E"], out  # the header
+    expected = {"bait round": ("bait", 1), "margin round": ("margin", 1), "random round": ("random", 0)}
+    expected["margin, explore 0.5"] = ("margin", 5)
+    assert set(rows) == set(expected), out
+    for name, (arm, n_explore) in expected.items():
+        got_arm, got_e, auto_s, fixed_s, vs_fixed, arm_s, vs_arm, calls, load = rows[name]
+        assert (got_arm, int(got_e)) == (arm, n_explore), (name, rows[name])
+        seconds = [float(v) for cell in (auto_s, fixed_s) for v in cell.split(" / ")]
+        assert all(math.isfinite(s) and s > 0 for s in seconds), (name, rows[name])
+        assert all(math.isfinite(float(v)) for v in vs_fixed.split(", ")), (name, rows[name])
+        if n_explore:  # auto against the arm at the B - E slots it fills
+            assert float(arm_s.split(" / ")[0]) > 0 and len(vs_arm.split(", ")) == 2, (name, rows[name])
+        else:
+            assert arm_s == vs_arm == "-", (name, rows[name])
+        assert int(calls) >= 2 and float(load) >= 0
+    assert "auto adds at most 10 % to the fixed strategy's time (min over repeats) on every case:" in out
+    saved = json.loads((tmp_path / "auto.json").read_text())
+    assert [r["case"] for r in saved["results"]] == list(expected) and saved["args"]["n"] == 3_000

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from selection import InputDataError, ParameterError, select
-from selection.outliers import DEFAULT_C, robust_outliers
+from selection.outliers import DEFAULT_C, fit_stats, robust_outliers, row_distances, sample_positions
 
 
 def corrupt_pool(seed: int = 0) -> tuple[np.ndarray, int]:
@@ -55,6 +55,27 @@ def test_sample_is_seeded_and_torch_input_agrees() -> None:
     b = robust_outliers(torch.as_tensor(X), sample=100, seed=3)
     assert a.threshold == pytest.approx(b.threshold) and a.n_sample == 100
     assert a.outlier_rows.tolist() == b.outlier_rows.tolist() == [bad]
+
+
+def test_the_pieces_give_a_sharded_pool_the_whole_pools_numbers() -> None:
+    """What a cluster does with the pieces: the sample's positions split over shards of the pool in row order,
+    the statistics from those rows, each shard's distances on its own: the whole pool's report, exactly."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(900, 7)).astype(np.float32)
+    X[[4, 600]] *= 1e3
+    ref = robust_outliers(X, sample=250, seed=9)
+    pos = sample_positions(900, 250, 9)
+    assert pos.shape == (250,) and (np.diff(pos) > 0).all() and pos.tolist() == sample_positions(900, 250, 9).tolist()
+    assert sample_positions(900, 250, 10).tolist() != pos.tolist()
+    assert sample_positions(200, 250, 9).tolist() == list(range(200))  # a small pool is its own sample
+    shards = [(lo, X[lo : lo + 128]) for lo in range(0, 900, 128)]
+    sample = np.concatenate([part[pos[(pos >= lo) & (pos < lo + len(part))] - lo] for lo, part in shards])
+    stats = fit_stats(sample)
+    assert (stats.threshold, stats.median, stats.mad, stats.n_sample) == (ref.threshold, ref.median, ref.mad, 250)
+    dist = np.concatenate([row_distances(part, stats) for _, part in shards])
+    assert dist.tolist() == ref.distances.tolist()
+    assert np.flatnonzero(stats.flagged(dist)).tolist() == [4, 600]
+    assert stats.summary(900, 2) == ref.as_dict()
 
 
 @pytest.mark.parametrize(
