@@ -55,11 +55,11 @@ def _worker_name() -> str:
 
 
 def scores_task(
-    path: str, excluded: np.ndarray, head_blob: bytes, prefilter: dict[str, Any], seed: int, fisher: bool
+    shard: pool_store.Shard, excluded: np.ndarray, head_blob: bytes, prefilter: dict[str, Any], seed: int, fisher: bool
 ) -> dict[str, Any]:
     """One Dask task of the scores pass: read the shard, run :func:`selection.bait_passes.shard_scores`."""
     t0 = time.perf_counter()
-    ids, _external, X, nbytes = pool_store.read_shard(path)
+    ids, _external, X, nbytes = pool_store.read_shard(shard)
     t1 = time.perf_counter()
     head = load_checkpoint(head_blob, device="cpu")
     part = shard_scores(ids, excluded, X, head, Prefilter(**prefilter), seed, fisher=fisher)
@@ -86,10 +86,10 @@ def fisher_of(result: dict[str, Any]) -> np.ndarray:
     return np.asarray(fmat)
 
 
-def rows_task(path: str, wanted: np.ndarray, head_blob: bytes) -> dict[str, Any]:
+def rows_task(shard: pool_store.Shard, wanted: np.ndarray, head_blob: bytes) -> dict[str, Any]:
     """One Dask task of the gather: the head's outputs on the shard's rows in ``wanted``."""
     t0 = time.perf_counter()
-    ids, external_ids, X, nbytes = pool_store.read_shard(path)
+    ids, external_ids, X, nbytes = pool_store.read_shard(shard)
     t1 = time.perf_counter()
     head = load_checkpoint(head_blob, device="cpu")
     rows = shard_rows(ids, external_ids, X, wanted, head)
@@ -170,7 +170,7 @@ def _scores_pass(
     futures = [
         client.submit(
             scores_task,
-            shard.path,
+            shard,
             excluded_f,
             head_f,
             spec,
@@ -223,7 +223,7 @@ def _gather_pass(
             if not mine.size:
                 continue
         key = f"bait-rows-{run}-{i:05d}"
-        jobs.append(client.submit(rows_task, shard.path, mine, head_f, key=key, retries=TASK_RETRIES, pure=False))
+        jobs.append(client.submit(rows_task, shard, mine, head_f, key=key, retries=TASK_RETRIES, pure=False))
     gathered = wait(jobs, progress)
     log.timings["gather"] = time.perf_counter() - t
     log.stage("gather", gathered, len(jobs))
