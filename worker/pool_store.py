@@ -102,6 +102,8 @@ def _filesystem(scheme: str, netloc: str, query: str) -> pafs.FileSystem:
         return found
     try:
         fs, _path = pafs.FileSystem.from_uri(f"{scheme}://{netloc}/" + (f"?{query}" if query else ""))
+    except OSError as exc:  # e.g. an S3 bucket whose region cannot be resolved
+        raise StoreError(f"the pool store {scheme}://{netloc} cannot be opened: {exc}") from None
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as native:
         try:
             import fsspec
@@ -153,7 +155,10 @@ class Files:
 
     @property
     def url(self) -> str:
-        return self.base if self.local else f"{self._scheme}://{self.base}"
+        """The root as a URL this class opens again (an absolute folder when local)."""
+        if self.local:
+            return self.base
+        return f"{self._scheme}://{self.base}" + (f"?{self._query}" if self._query else "")
 
     def path(self, rel: str) -> str:
         return f"{self.base}/{rel}"
@@ -213,9 +218,9 @@ class Files:
                 return None
             raise
 
-    def listing(self, rel: str) -> list[tuple[str, float, bool]]:
+    def listing(self, rel: str, recursive: bool = True) -> list[tuple[str, float, bool]]:
         """``(path relative to the root, modified time, is a folder)`` of everything under ``rel``."""
-        selector = pafs.FileSelector(self.path(rel), recursive=True, allow_not_found=True)
+        selector = pafs.FileSelector(self.path(rel), recursive=recursive, allow_not_found=True)
         out = []
         for info in self.fs.get_file_info(selector):
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
@@ -231,16 +236,20 @@ class Files:
             self.fs.delete_file(self.path(rel))
 
     def delete_tree(self, rel: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        """Remove a folder and what it holds, as far as possible (a clean-up: a folder never made is fine)."""
+        with contextlib.suppress(OSError):
             self.fs.delete_dir(self.path(rel))
 
-    def remove_empty_folders(self, rel: str) -> None:
+    def remove_empty_folders(self, rel: str, older_than_s: float = 60.0) -> None:
+        """Empty folders below ``rel`` (not one a writer made a moment ago and is about to fill)."""
         if not self.local:
             return  # an object store has no folders of its own
+        now = time.time()
         for dirpath, _dirs, _files in sorted(os.walk(self.path(rel)), key=lambda w: -len(w[0])):
             if dirpath != self.path(rel):
-                with contextlib.suppress(OSError):  # not empty
-                    os.rmdir(dirpath)
+                with contextlib.suppress(OSError):  # not empty, or gone
+                    if now - os.stat(dirpath).st_mtime > older_than_s:
+                        os.rmdir(dirpath)
 
 
 _ROOTS: dict[str, Files] = {}
@@ -256,7 +265,8 @@ def files(root: str | Path) -> Files:
 
 
 def store_root(settings: Any) -> str:
-    """The store's root (``BAIT_POOL_STORE``): an absolute folder, or a URL of another filesystem."""
+    """The store's root (``BAIT_POOL_STORE``): an absolute folder, or a URL of another filesystem (with its
+    query; :func:`display` for messages)."""
     return files(str(settings.pool_store)).url
 
 
@@ -377,7 +387,7 @@ def read_manifest(root: str | Path, pool_id: str, version: int) -> Manifest | No
 def _versions(fs: Files, pool_id: str) -> list[tuple[int, float]]:
     """``(version, modified time)`` of the pool's published manifests, newest first."""
     out = []
-    for rel, mtime, is_dir in fs.listing(_pool_rel(pool_id)):
+    for rel, mtime, is_dir in fs.listing(_pool_rel(pool_id), recursive=False):
         match = _MANIFEST.fullmatch(rel.split("/", 1)[1]) if "/" in rel else None
         if match and not is_dir:
             out.append((int(match.group(1)), mtime))
@@ -707,12 +717,14 @@ def write_version(
     shard_rows: int,
     progress: Progress | None = None,
     changes: Changes | None = None,
+    newest: int | None = None,
 ) -> Manifest:
     """Publish rows (ascending ``item_ids``, ``n x d`` float32 ``X``) as version ``version`` of the pool.
 
     With ``changes``, the version is written from ``changes.base_version`` (:func:`plan`: only new and changed
     rows are written); without them, or when that version is gone or has another width, in full. When another
-    writer published the same version first, its copy is kept and returned. Older versions are pruned afterwards.
+    writer published the same version first, its copy is kept and returned. Older versions are pruned afterwards
+    (:func:`prune`; ``newest``: the database's content version, when known).
     """
     fs = files(root)
     d = int(X.shape[1])
@@ -723,7 +735,7 @@ def write_version(
             base = None
     ids = np.unique(np.asarray(changes.ids if changes is not None else [], dtype=np.int64))
     meta = _write(fs, pool_id, version, item_ids, external_ids, X, shard_rows, progress, ids, base)
-    prune(root, pool_id)
+    prune(root, pool_id, newest=None if newest is None else max(int(newest), int(version)))  # never this one
     if meta is not None and not all(fs.exists([f"{pool_id}/{r}" for r in sorted(_referenced(meta))])):
         # a concurrent pruner removed a file this version shares (its writer took longer than PRUNE_GRACE_S)
         log.warning("pool store: pool %s version %d lost a shared file; writing it in full", pool_id, version)
@@ -834,12 +846,15 @@ def prune(
     keep: int = KEEP_VERSIONS,
     grace_s: float | None = None,
     stale_s: float | None = None,
+    newest: int | None = None,
 ) -> list[str]:
     """Remove the manifests no longer kept and the files no kept manifest references. Returns what went.
 
-    Kept: the ``keep`` newest manifests, and any published, or superseded, less than ``grace_s`` ago. A file
-    goes when no kept manifest references it and a removed manifest did, or it is older than ``stale_s`` (a
-    crashed writer's). A kept manifest that cannot be read keeps every file.
+    Kept: the ``keep`` newest manifests, and any published, or superseded, less than ``grace_s`` ago; not one
+    above ``newest`` (the database's content version: a manifest above it, older than ``grace_s``, was written
+    before the database was restored from a backup). A file goes when no kept manifest references it and a removed
+    manifest did, or it is older than ``stale_s`` (a crashed writer's). A kept manifest that cannot be read keeps
+    every file.
     """
     grace = PRUNE_GRACE_S if grace_s is None else grace_s
     stale = STALE_S if stale_s is None else stale_s
@@ -849,11 +864,13 @@ def prune(
     listing = fs.listing(pool)
     versions = _versions(fs, pool_id)
     kept: list[int] = []
-    dropped: list[int] = []
+    dropped = [v for v, mtime in versions if newest is not None and v > newest and now - mtime >= grace]
     successor_mtime: float | None = None
-    for i, (v, mtime) in enumerate(versions):
+    for v, mtime in versions:
+        if v in dropped:
+            continue
         recent = now - mtime < grace or (successor_mtime is not None and now - successor_mtime < grace)
-        (kept if i < keep or recent else dropped).append(v)
+        (kept if len(kept) < keep or recent else dropped).append(v)
         successor_mtime = mtime
     referenced: set[str] = set()
     readable = True
@@ -920,6 +937,7 @@ def ensure_version(
     version = content_store.content_version(session, pool.id)
     if version is None:
         raise LookupError(f"pool {pool.id} does not exist")
+    current = version
     found = read_manifest(root, pool.id, version)
     if found is not None and found.d == int(pool.embedding_dim):
         return found, "hit"
@@ -945,6 +963,7 @@ def ensure_version(
         int(settings.pool_store_shard_rows),
         progress,
         changes,
+        newest=current,
     )
     log.info(
         "pool store: pool %s version %d written from %s (%d rows, %d shards; %d rows and %d deleted ids written)",

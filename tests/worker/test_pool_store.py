@@ -542,3 +542,22 @@ def test_the_store_setting_takes_a_folder_or_a_url_without_credentials(tmp_path:
         Settings(pool_store="s3://KEY:SECRET@bucket/prefix")
     with pytest.raises(ValueError, match="BAIT_POOL_STORE must be"):
         Settings(pool_store="s3://")
+
+
+def test_versions_above_the_database_s_are_dropped_after_a_restore(
+    db: sessionmaker[Session], store_settings: Settings, no_grace: None
+) -> None:
+    """A store written before the database was restored from a backup holds versions above the database's: they
+    go when the pool's version is next written (they are never the newest two kept for ever)."""
+    data = make_pool(db, n=20, d=3, n_labeled=0)
+    root = pool_store.store_root(store_settings)
+    ids = np.arange(10**6, 10**6 + 4, dtype=np.int64)
+    for v in (10**9, 10**9 + 1):
+        pool_store.write_version(root, data.pool_id, v, ids, [str(i) for i in ids], np.zeros((4, 3), np.float32), 16)
+    manifest, how = _ensure(db, store_settings, data.pool_id)
+    assert how == "written" and manifest.base_version is None  # not written from the stale ones
+    assert pool_store.read_manifest(root, data.pool_id, 10**9) is None
+    assert sorted(p.name for p in (Path(root) / data.pool_id).glob("v*.json")) == [f"v{manifest.version}.json"]
+    on_disk = {str(p) for p in (Path(root) / data.pool_id).glob("d-*/*.parquet")}
+    assert on_disk == {s.path for s in manifest.shards}  # the stale versions' files went with them
+    assert_store_is(manifest, _fresh(db, data.pool_id))
