@@ -146,7 +146,8 @@ def _cmd_pools(settings: Settings, args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     for line in lines:
         print(line)
-    print(f"pool store {pool_store.store_root(settings)}: {len(lines)} pool(s) at their current version")
+    where = pool_store.display(pool_store.store_root(settings))
+    print(f"pool store {where}: {len(lines)} pool(s) at their current version")
     return 0
 
 

@@ -6,6 +6,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -255,9 +256,11 @@ class Settings(BaseSettings):
     dask_tls_key: Path | None = Field(default=None, description="the private key (PEM) of BAIT_DASK_TLS_CERT")
     pool_store: str = Field(
         default="data/pool-store",
-        description="the pool store: Parquet shards of every pool's embeddings per content version, read by the "
-        "Dask workers (a local folder, relative paths from the folder the process starts in, or file://; "
-        "every Dask worker must see the same folder)",
+        description="the pool store: Parquet shards of every pool's embeddings, versioned by the pool's content "
+        "version and written incrementally, read by the Dask workers (a local folder, relative paths from the folder "
+        "the process starts in, or file://; or an object store's URL such as s3://bucket/prefix, opened by pyarrow, "
+        "or by fsspec when its filesystem is installed, with credentials from the environment, never in the URL; "
+        "every Dask worker must reach the same store)",
     )
     pool_store_shard_rows: int = Field(
         default=65536, ge=1, description="rows per Parquet shard of the pool store (one Dask task per shard)"
@@ -277,12 +280,23 @@ class Settings(BaseSettings):
 
     @field_validator("pool_store")
     @classmethod
-    def _local_pool_store(cls, v: str) -> str:
-        # Only local folders work so far; file:// names one. Resolved once so every process names the same folder.
-        path = v.removeprefix("file://")
-        if "://" in path:
-            raise ValueError("BAIT_POOL_STORE must be a local folder or a file:// URL (no other store yet)")
-        return str(Path(path).expanduser().resolve())
+    def _check_pool_store(cls, v: str) -> str:
+        # A local folder (or file://) is resolved once so every process names the same folder; another scheme is
+        # an object store's URL (worker/pool_store.py opens it). Credentials come from the environment: a URL
+        # travels in the Dask tasks and shows in the logs.
+        if v.startswith("file://") or "://" not in v:
+            return str(Path(v.removeprefix("file://")).expanduser().resolve())
+        parts = urlsplit(v)
+        if not re.fullmatch(r"[a-z][a-z0-9+.-]*", parts.scheme) or not parts.netloc:
+            raise ValueError(
+                "BAIT_POOL_STORE must be a local folder, a file:// URL or a URL such as s3://bucket/prefix"
+            )
+        if "@" in parts.netloc:
+            raise ValueError(
+                "BAIT_POOL_STORE must not carry credentials: give them to every process in its environment "
+                "(e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3://)"
+            )
+        return v.rstrip("/")
 
     @field_validator("worker_cache_dir", mode="before")
     @classmethod

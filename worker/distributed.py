@@ -1,9 +1,9 @@
 """The Dask engine of a distributed selection (issue 26): connect to the operator's scheduler, map a shard pass
 (:mod:`selection.passes`) over the pool store's shards, merge the per-shard top ``B``.
 
-Every task reads its own shard from the store (the tasks carry paths, never arrays); the job's process receives
-``B`` ids and scores per shard. Tasks are retried twice (``retries=2``); a task whose worker died is rescheduled
-by the scheduler on another worker. The scheduler unreachable, or no worker left for longer than the connect
+Every task reads its own shard from the store (the tasks carry its files' paths, never arrays); the job's process
+receives ``B`` ids and scores per shard. Tasks are retried twice (``retries=2``); a task whose worker died is
+rescheduled by the scheduler on another worker. The scheduler unreachable, or no worker left for longer than the connect
 timeout, raises :class:`EngineUnavailable` at once: a batch never hangs on a missing cluster.
 
 The scheduler's address is operator configuration only (``BAIT_DASK_SCHEDULER``): a Dask scheduler runs whatever
@@ -141,7 +141,7 @@ def connect(settings: Any) -> Client:
 
 
 def shard_task(
-    path: str,
+    shard: pool_store.Shard,
     shard_index: int,
     strategy: str,
     batch_size: int,
@@ -149,10 +149,10 @@ def shard_task(
     head_blob: bytes | None,
     seed: int,
 ) -> dict[str, Any]:
-    """One Dask task: read the shard from the store, run its pass, return its top ``B`` (ids, scores, external
-    ids) with what it read and how long each stage took."""
+    """One Dask task: read the shard from the store (its full file and delta), run its pass, return its top ``B``
+    (ids, scores, external ids) with what it read and how long each stage took."""
     t0 = time.perf_counter()
-    ids, external_ids, X, nbytes = pool_store.read_shard(path, embeddings=strategy != "random")
+    ids, external_ids, X, nbytes = pool_store.read_shard(shard, embeddings=strategy != "random")
     t1 = time.perf_counter()
     head = None if head_blob is None else load_checkpoint(head_blob, device="cpu")
     top = shard_top(strategy, ids, excluded, batch_size, X=X, head=head, seed=seed, shard_index=shard_index)
@@ -226,7 +226,7 @@ def select_top(
     futures = [
         client.submit(
             shard_task,
-            shard.path,
+            shard,
             i,
             strategy,
             batch_size,

@@ -56,9 +56,9 @@ def _worker_name() -> str:
         return "local"
 
 
-def read_kept(path: str, dropped: np.ndarray | None) -> tuple[np.ndarray, list[str], np.ndarray, int]:
+def read_kept(shard: pool_store.Shard, dropped: np.ndarray | None) -> tuple[np.ndarray, list[str], np.ndarray, int]:
     """A shard's rows (:func:`worker.pool_store.read_shard`) without those whose item ids are in ``dropped``."""
-    ids, external_ids, X, nbytes = pool_store.read_shard(path)
+    ids, external_ids, X, nbytes = pool_store.read_shard(shard)
     if dropped is not None and dropped.size:
         keep = ~np.isin(ids, dropped)
         if not keep.all():
@@ -68,7 +68,7 @@ def read_kept(path: str, dropped: np.ndarray | None) -> tuple[np.ndarray, list[s
 
 
 def scores_task(
-    path: str,
+    shard: pool_store.Shard,
     excluded: np.ndarray,
     head_blob: bytes,
     prefilter: dict[str, Any],
@@ -79,7 +79,7 @@ def scores_task(
     """One Dask task of the scores pass: read the shard (without ``dropped``), run
     :func:`selection.bait_passes.shard_scores`."""
     t0 = time.perf_counter()
-    ids, _external, X, nbytes = read_kept(path, dropped)
+    ids, _external, X, nbytes = read_kept(shard, dropped)
     t1 = time.perf_counter()
     head = load_checkpoint(head_blob, device="cpu")
     part = shard_scores(ids, excluded, X, head, Prefilter(**prefilter), seed, fisher=fisher)
@@ -106,10 +106,12 @@ def fisher_of(result: dict[str, Any]) -> np.ndarray:
     return np.asarray(fmat)
 
 
-def rows_task(path: str, wanted: np.ndarray, head_blob: bytes, dropped: np.ndarray | None = None) -> dict[str, Any]:
+def rows_task(
+    shard: pool_store.Shard, wanted: np.ndarray, head_blob: bytes, dropped: np.ndarray | None = None
+) -> dict[str, Any]:
     """One Dask task of the gather: the head's outputs on the shard's rows in ``wanted`` (never a ``dropped`` one)."""
     t0 = time.perf_counter()
-    ids, external_ids, X, nbytes = read_kept(path, dropped)
+    ids, external_ids, X, nbytes = read_kept(shard, dropped)
     t1 = time.perf_counter()
     head = load_checkpoint(head_blob, device="cpu")
     rows = shard_rows(ids, external_ids, X, wanted, head)
@@ -191,7 +193,7 @@ def _scores_pass(
     futures = [
         client.submit(
             scores_task,
-            shard.path,
+            shard,
             excluded_f,
             head_f,
             spec,
@@ -246,9 +248,7 @@ def _gather_pass(
             if not mine.size:
                 continue
         key = f"bait-rows-{run}-{i:05d}"
-        jobs.append(
-            client.submit(rows_task, shard.path, mine, head_f, dropped_f, key=key, retries=TASK_RETRIES, pure=False)
-        )
+        jobs.append(client.submit(rows_task, shard, mine, head_f, dropped_f, key=key, retries=TASK_RETRIES, pure=False))
     gathered = wait(jobs, progress)
     log.timings["gather"] = time.perf_counter() - t
     log.stage("gather", gathered, len(jobs))

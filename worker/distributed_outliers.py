@@ -10,7 +10,7 @@ and the pool-wide pass that finds the rows ``exclude_outliers`` leaves out.
    rows' distances under the broadcast statistics (:func:`selection.outliers.row_distances`, a function of the
    row and the statistics only) and returns the ids of the rows above the cut: few.
 
-Tasks carry paths (and positions), never arrays, and are retried like the selection's
+Tasks carry shards (their paths) and positions, never arrays, and are retried like the selection's
 (:mod:`worker.distributed`).
 """
 
@@ -36,10 +36,11 @@ def _worker_name() -> str:
         return "local"
 
 
-def sample_task(path: str, shard_index: int, positions: np.ndarray) -> dict[str, Any]:
-    """One Dask task of the sample: the shard's rows at ``positions`` (row positions within the shard)."""
+def sample_task(shard: pool_store.Shard, shard_index: int, positions: np.ndarray) -> dict[str, Any]:
+    """One Dask task of the sample: the shard's rows at ``positions`` (row positions within the shard, its delta
+    applied)."""
     t0 = time.perf_counter()
-    _ids, _external, X, nbytes = pool_store.read_shard(path)
+    _ids, _external, X, nbytes = pool_store.read_shard(shard)
     return {
         "index": shard_index,
         "rows": np.ascontiguousarray(X[positions]),
@@ -49,10 +50,10 @@ def sample_task(path: str, shard_index: int, positions: np.ndarray) -> dict[str,
     }
 
 
-def flag_task(path: str, stats: OutlierStats) -> dict[str, Any]:
+def flag_task(shard: pool_store.Shard, stats: OutlierStats) -> dict[str, Any]:
     """One Dask task of the flag pass: the shard's rows above the cut (item ids, external ids, distances)."""
     t0 = time.perf_counter()
-    ids, external_ids, X, nbytes = pool_store.read_shard(path)
+    ids, external_ids, X, nbytes = pool_store.read_shard(shard)
     t1 = time.perf_counter()
     dist = row_distances(X, stats) if ids.size else np.zeros(0)
     hit = np.flatnonzero(stats.flagged(dist))
@@ -113,7 +114,7 @@ def pool_stats(
     futures = [
         client.submit(
             sample_task,
-            manifest.shards[i].path,
+            manifest.shards[i],
             i,
             local,
             key=f"bait-outlier-sample-{run}-{i:05d}",
@@ -173,7 +174,7 @@ def flag_pool(
         futures = [
             client.submit(
                 flag_task,
-                shard.path,
+                shard,
                 stats_f,
                 key=f"bait-outlier-flag-{run}-{i:05d}",
                 retries=TASK_RETRIES,

@@ -1,41 +1,63 @@
-"""The pool store (issue 26): each pool's selectable rows as Parquet shards, one folder per content version,
-read by the Dask workers of a distributed selection (:mod:`worker.distributed`).
+"""The pool store (issue 26): each pool's selectable rows as Parquet shards, versioned by the pool's content
+version and written incrementally, read by the Dask workers of a distributed selection (:mod:`worker.distributed`).
 
-Layout under ``BAIT_POOL_STORE`` (a local folder, or one named by ``file://``)::
+Layout under ``BAIT_POOL_STORE`` (a local folder, ``file://``, or another filesystem's URL: :class:`Files`)::
 
-    <pool id>/v<content version>/part-00000.parquet   item_id int64, external_id string,
+    <pool id>/v<content version>.json          the manifest of a version (published last, atomically)
+    <pool id>/d-v<version>-<hex>/part-00000.parquet   a full shard: item_id int64, external_id string,
                                                       embedding fixed_size_list<float32>[d]; ascending item ids
-    <pool id>/v<content version>/manifest.json        {"format", "pool_id", "version", "d", "rows",
-                                                       "shards": [{"path", "rows", "first_id", "last_id", "bytes"}]}
-    <pool id>/.tmp-<uuid>/                            a version being written
+    <pool id>/d-v<version>-<hex>/up-00003.parquet     a shard's upserted rows (same columns): rows rewritten
+                                                      since its full shard was written, or new among its ids
+    <pool id>/d-v<version>-<hex>/del-00003.parquet    a shard's deleted ids (item_id int64)
 
-A version is written in a temporary folder (shards, then ``manifest.json`` through a temporary file and
-``os.replace``), fsynced, and renamed to ``v<version>`` as a whole: a reader that finds
-``v<version>/manifest.json`` sees the complete version, never half of it. Rows are ascending by item id across
-the shards (shard ``i`` holds the rows before shard ``i + 1``), the order of the single-process path's rows.
+A manifest lists the version's shards in item id order. Each shard owns a range of item ids (``lo``..``hi``:
+the ranges are contiguous and ascending) and is one full file plus, optionally, a delta: the ids deleted from
+the full file and the rows upserted into it (rewritten embeddings, rows back in the train split, ids inserted
+below the newest). A reader (:func:`read_shard`, in every Dask task) drops the deleted and upserted ids from the
+full file and merges the upserted rows in, in id order, and checks the count against the manifest: the shards,
+concatenated, are exactly the rows the single-process reader (:func:`worker.pool_data.load_pool`) returns for
+that version, in the same ascending item id order.
+
+A new version is written from the previous one (:func:`plan`): the database says which ids changed since it
+(``items.content_seq`` and the tombstones, migration 0008); a shard with no changed id is listed again as it is
+(its files shared, not copied); a shard with changes gets a new cumulative delta (its full file shared); new rows
+above the previous version's ids become new full shards. Only these files are written: an append writes only
+the new rows. Compaction: a shard whose delta would exceed :data:`COMPACT_DELTA_FRACTION` of its full file's
+rows is rewritten as a fresh full shard; when the version would have more than ``ceil(rows / shard_rows) +``
+:data:`EXTRA_SHARDS` shards, runs of neighbouring shards that fit in one are rewritten as one.
+
+Crash safety: files go into a fresh ``d-…`` folder (fsynced on a local disk) and the manifest is published last
+(a local temporary file and ``os.replace``; one object written whole on an object store), so a reader sees a
+complete version or none. Pruning (after each publish) keeps the :data:`KEEP_VERSIONS` newest manifests and any
+published, or superseded, less than :data:`PRUNE_GRACE_S` ago (a selection or a writer may still read it); a
+file is removed only when no kept manifest references it and it was referenced by a removed manifest or is older
+than :data:`STALE_S` (a crashed writer's leftovers).
 
 The rows come from the worker's own reader (:func:`worker.pool_data.load_pool`, through the worker cache when
 there is one), so the store holds exactly what a single-process batch would select from. The database stays the
-source of truth for ids, labels, splits, reservations and status. Older versions are pruned once a newer one is
-published (the one before it is kept, for a distributed selection still reading it).
+source of truth for ids, labels, splits, reservations and status.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
-import shutil
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -49,10 +71,15 @@ from worker.pool_data import load_pool
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-MANIFEST = "manifest.json"
+FORMAT = 2
 KEEP_VERSIONS = 2  # the newest and the one before it (a selection may still read it)
-STALE_TMP_S = 3600.0  # a temporary folder this old is a crashed writer's
+PRUNE_GRACE_S = 900.0  # a manifest published, or superseded, this recently is kept as well
+STALE_S = 3600.0  # an unreferenced file this old is a crashed writer's
+COMPACT_DELTA_FRACTION = 0.25  # a shard's delta above this fraction of its full file's rows: rewrite the shard
+EXTRA_SHARDS = 16  # shards above ceil(rows / shard_rows) + this: merge neighbours that fit in one shard
+MIN_ID = -(2**63)
+COLUMNS = ("item_id", "external_id", "embedding")
+_MANIFEST = re.compile(r"v(\d+)\.json")
 
 Progress = Callable[[int, int], None]
 
@@ -61,43 +88,593 @@ class StoreError(RuntimeError):
     """The pool store cannot be read or written (the message names the folder or shard)."""
 
 
+# --------------------------------------------------------------------------------------------- filesystems
+
+_FILESYSTEMS: dict[tuple[str, str, str], pafs.FileSystem] = {}
+
+
+def _filesystem(scheme: str, netloc: str, query: str) -> pafs.FileSystem:
+    """The filesystem of a store URL (cached per process): pyarrow's own (``s3://``, ``gs://``, ``hdfs://``,
+    ``abfs://``), else fsspec's implementation of the scheme (e.g. ``s3fs``) when it is installed."""
+    key = (scheme, netloc, query)
+    found = _FILESYSTEMS.get(key)
+    if found is not None:
+        return found
+    try:
+        fs, _path = pafs.FileSystem.from_uri(f"{scheme}://{netloc}/" + (f"?{query}" if query else ""))
+    except OSError as exc:  # e.g. an S3 bucket whose region cannot be resolved
+        raise StoreError(f"the pool store {scheme}://{netloc} cannot be opened: {exc}") from None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as native:
+        try:
+            import fsspec
+
+            spec = fsspec.filesystem(scheme, **dict(parse_qsl(query)))
+        except (ImportError, ValueError) as exc:
+            raise StoreError(
+                f"the pool store's filesystem {scheme}:// is not available: {native}; with fsspec: {exc}"
+            ) from None
+        fs = pafs.PyFileSystem(pafs.FSSpecHandler(spec))
+    _FILESYSTEMS[key] = fs
+    return fs
+
+
+def _resolve(location: str) -> tuple[pafs.FileSystem | None, str]:
+    """``(filesystem, path in it)`` of a file's location; the filesystem is None for a local path."""
+    if "://" not in location:
+        return None, location
+    parts = urlsplit(location)
+    if parts.scheme == "file":
+        return None, parts.path
+    return _filesystem(parts.scheme, parts.netloc, parts.query), parts.netloc + parts.path
+
+
+def display(location: str) -> str:
+    """A location as messages show it (without a URL's query)."""
+    return location.split("?", 1)[0]
+
+
+class Files:
+    """The store's root: a local folder (os calls, fsync), or a URL whose filesystem pyarrow (or fsspec) opens.
+
+    Paths below the root are relative (``<pool id>/…``, ``/``-separated); :meth:`location` makes the string a
+    Dask task carries (a local path, or ``scheme://bucket/key[?query]``).
+    """
+
+    def __init__(self, url: str | Path) -> None:
+        raw = str(url)
+        parts = urlsplit(raw)
+        self.local = "://" not in raw or parts.scheme == "file"
+        if self.local:
+            self.base = str(Path(raw.removeprefix("file://")).expanduser().resolve())
+            self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+            self._scheme = self._query = ""
+        else:
+            self._scheme, self._query = parts.scheme, parts.query
+            self.fs = _filesystem(parts.scheme, parts.netloc, parts.query)
+            self.base = (parts.netloc + parts.path).rstrip("/")
+
+    @property
+    def url(self) -> str:
+        """The root as a URL this class opens again (an absolute folder when local)."""
+        if self.local:
+            return self.base
+        return f"{self._scheme}://{self.base}" + (f"?{self._query}" if self._query else "")
+
+    def path(self, rel: str) -> str:
+        return f"{self.base}/{rel}"
+
+    def location(self, rel: str) -> str:
+        if self.local:
+            return self.path(rel)
+        return f"{self._scheme}://{self.path(rel)}" + (f"?{self._query}" if self._query else "")
+
+    def write_table(self, rel: str, table: pa.Table) -> int:
+        """Write a Parquet file (fsynced on a local disk); its size in bytes."""
+        path = self.path(rel)
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                pq.write_table(table, f, compression="zstd")
+                f.flush()
+                os.fsync(f.fileno())
+            return os.path.getsize(path)
+        with self.fs.open_output_stream(path) as out:
+            pq.write_table(table, out, compression="zstd")
+            size = int(out.tell())
+        return size
+
+    def read_ids(self, rel: str) -> np.ndarray:
+        return _read_ids(self.location(rel))[0]
+
+    def sync_folder(self, rel: str) -> None:
+        if self.local and os.path.isdir(self.path(rel)):
+            _fsync_dir(self.path(rel))
+
+    def publish(self, rel: str, data: bytes) -> None:
+        """Replace ``rel`` with ``data`` atomically: a reader sees the old file or the new one, whole."""
+        path = self.path(rel)
+        if self.local:
+            folder = os.path.dirname(path)
+            os.makedirs(folder, exist_ok=True)
+            part = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}")
+            with open(part, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, path)
+            _fsync_dir(folder)
+            return
+        with self.fs.open_output_stream(path) as out:  # an object store's object appears whole, once closed
+            out.write(data)
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as f:
+                return bytes(f.read())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
+                return None
+            raise
+
+    def listing(self, rel: str, recursive: bool = True) -> list[tuple[str, float, bool]]:
+        """``(path relative to the root, modified time, is a folder)`` of everything under ``rel``."""
+        selector = pafs.FileSelector(self.path(rel), recursive=recursive, allow_not_found=True)
+        out = []
+        for info in self.fs.get_file_info(selector):
+            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            out.append((info.path[len(self.base) + 1 :], mtime, info.type == pafs.FileType.Directory))
+        return out
+
+    def exists(self, rels: Sequence[str]) -> list[bool]:
+        infos = self.fs.get_file_info([self.path(r) for r in rels])
+        return [i.type != pafs.FileType.NotFound for i in infos]
+
+    def delete(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self.path(rel))
+
+    def delete_tree(self, rel: str) -> None:
+        """Remove a folder and what it holds, as far as possible (a clean-up: a folder never made is fine)."""
+        with contextlib.suppress(OSError):
+            self.fs.delete_dir(self.path(rel))
+
+    def remove_empty_folders(self, rel: str, older_than_s: float = 60.0) -> None:
+        """Empty folders below ``rel`` (not one a writer made a moment ago and is about to fill)."""
+        if not self.local:
+            return  # an object store has no folders of its own
+        now = time.time()
+        for dirpath, _dirs, _files in sorted(os.walk(self.path(rel)), key=lambda w: -len(w[0])):
+            if dirpath != self.path(rel):
+                with contextlib.suppress(OSError):  # not empty, or gone
+                    if now - os.stat(dirpath).st_mtime > older_than_s:
+                        os.rmdir(dirpath)
+
+
+_ROOTS: dict[str, Files] = {}
+
+
+def files(root: str | Path) -> Files:
+    """The :class:`Files` of a store root (cached per process)."""
+    key = str(root)
+    found = _ROOTS.get(key)
+    if found is None:
+        found = _ROOTS[key] = Files(key)
+    return found
+
+
+def store_root(settings: Any) -> str:
+    """The store's root (``BAIT_POOL_STORE``): an absolute folder, or a URL of another filesystem (with its
+    query; :func:`display` for messages)."""
+    return files(str(settings.pool_store)).url
+
+
+def _fsync_dir(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pool_rel(pool_id: str) -> str:
+    if not pool_cache._POOL_ID.fullmatch(pool_id):  # ids are ours; this only keeps a path inside the store
+        raise StoreError(f"not a pool id: {pool_id!r}")
+    return pool_id
+
+
+# --------------------------------------------------------------------------------------------- manifests
+
+
 @dataclass(frozen=True)
 class Shard:
-    """One Parquet file of a version: its absolute ``path``, ``rows``, its first and last item ids, ``bytes``."""
+    """One shard of a version, what a Dask task reads: its full file (``path``), and its delta when it has one
+    (``deleted``: a file of ids; ``upserts``: a file of rows), as locations (:meth:`Files.location`).
+
+    ``rows`` is what the shard yields once the delta is applied, ``first_id``/``last_id`` its first and last item
+    ids, ``bytes`` the size of its files; ``lo``/``hi`` the item id range it owns.
+    """
 
     path: str
     rows: int
     first_id: int
     last_id: int
     bytes: int
+    lo: int = MIN_ID
+    hi: int = 2**63 - 1
+    deleted: str | None = None
+    upserts: str | None = None
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """A published version of a pool: ``d`` columns, ``rows`` in total, its shards in item id order."""
+    """A published version of a pool: ``d`` columns, ``rows`` in total, its shards in item id order.
+
+    ``base_version`` is the version it was written from (None: written in full); ``written`` counts what its
+    writer wrote (``rows``, ``deleted_ids``, ``files``, ``bytes``, ``shards_shared``).
+    """
 
     pool_id: str
     version: int
     d: int
     rows: int
     shards: tuple[Shard, ...]
-    folder: Path
+    location: str
+    base_version: int | None = None
+    written: dict[str, int] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
 
-def store_root(settings: Any) -> Path:
-    """The store's folder (``BAIT_POOL_STORE``: a path, or a ``file://`` URL), absolute."""
-    raw = str(settings.pool_store)
-    return Path(raw.removeprefix("file://")).expanduser().resolve()
+def _manifest_rel(pool_id: str, version: int) -> str:
+    return f"{_pool_rel(pool_id)}/v{int(version)}.json"
 
 
-def _pool_dir(root: Path, pool_id: str) -> Path:
-    if not pool_cache._POOL_ID.fullmatch(pool_id):  # ids are ours; this only keeps a path inside the store
-        raise StoreError(f"not a pool id: {pool_id!r}")
-    return root / pool_id
+def _load_meta(fs: Files, pool_id: str, version: int) -> dict[str, Any] | None:
+    raw = fs.read_bytes(_manifest_rel(pool_id, version))
+    if raw is None:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def _manifest(fs: Files, meta: dict[str, Any]) -> Manifest:
+    pool_id = str(meta["pool_id"])
+
+    def loc(rel: str | None) -> str | None:
+        return None if rel is None else fs.location(f"{pool_id}/{rel}")
+
+    shards = tuple(
+        Shard(
+            path=fs.location(f"{pool_id}/{s['path']}"),
+            rows=int(s["rows"]),
+            first_id=int(s["first_id"]),
+            last_id=int(s["last_id"]),
+            bytes=int(s["bytes"]),
+            lo=int(s["lo"]),
+            hi=int(s["hi"]),
+            deleted=loc(s.get("deleted")),
+            upserts=loc(s.get("upserts")),
+        )
+        for s in meta["shards"]
+    )
+    version = int(meta["version"])
+    return Manifest(
+        pool_id,
+        version,
+        int(meta["d"]),
+        int(meta["rows"]),
+        shards,
+        fs.location(_manifest_rel(pool_id, version)),
+        None if meta.get("base_version") is None else int(meta["base_version"]),
+        {k: int(v) for k, v in dict(meta.get("written") or {}).items()},
+    )
+
+
+def read_manifest(root: str | Path, pool_id: str, version: int) -> Manifest | None:
+    """The published version ``version`` of the pool, or None when the store does not have it."""
+    fs = files(root)
+    meta = _load_meta(fs, pool_id, version)
+    return None if meta is None else _manifest(fs, meta)
+
+
+def _versions(fs: Files, pool_id: str) -> list[tuple[int, float]]:
+    """``(version, modified time)`` of the pool's published manifests, newest first."""
+    out = []
+    for rel, mtime, is_dir in fs.listing(_pool_rel(pool_id), recursive=False):
+        match = _MANIFEST.fullmatch(rel.split("/", 1)[1]) if "/" in rel else None
+        if match and not is_dir:
+            out.append((int(match.group(1)), mtime))
+    return sorted(out, reverse=True)
+
+
+def _base_meta(fs: Files, pool_id: str, version: int, d: int) -> dict[str, Any] | None:
+    """The newest published version below ``version`` with ``d`` columns (what a new version is written from)."""
+    for v, _mtime in _versions(fs, pool_id):
+        if v >= version:
+            continue
+        meta = _load_meta(fs, pool_id, v)
+        if meta is not None:
+            return meta if int(meta["d"]) == d else None
+    return None
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def _open(location: str) -> pq.ParquetFile:
+    fs, path = _resolve(location)
+    if fs is None:
+        return pq.ParquetFile(path)
+    return pq.ParquetFile(fs.open_input_file(path))
+
+
+def _column_bytes(parquet: pq.ParquetFile, columns: Sequence[str]) -> int:
+    meta = parquet.metadata
+    return int(
+        sum(
+            meta.row_group(g).column(c).total_compressed_size
+            for g in range(meta.num_row_groups)
+            for c in range(meta.num_columns)
+            if meta.row_group(g).column(c).path_in_schema.split(".")[0] in columns
+        )
+    )
+
+
+def _read_ids(location: str) -> tuple[np.ndarray, int]:
+    """The ``item_id`` column of a shard, upserts or deleted-ids file, and the bytes read."""
+    try:
+        parquet = _open(location)
+        table = parquet.read(columns=["item_id"])
+        nbytes = _column_bytes(parquet, ["item_id"])
+    except (OSError, pa.ArrowInvalid, KeyError) as exc:
+        raise StoreError(f"pool store file {display(location)} cannot be read: {exc}") from None
+    return table.column("item_id").to_numpy().astype(np.int64, copy=False), nbytes
+
+
+def _read_rows(location: str, embeddings: bool) -> tuple[np.ndarray, list[str], np.ndarray, int]:
+    columns = list(COLUMNS if embeddings else COLUMNS[:2])
+    try:
+        parquet = _open(location)
+        names = parquet.schema_arrow.names
+        if names != list(COLUMNS):
+            raise StoreError(f"pool store shard {display(location)} has columns {names}, expected {', '.join(COLUMNS)}")
+        table = parquet.read(columns=columns)
+        nbytes = _column_bytes(parquet, columns)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise StoreError(f"pool store shard {display(location)} cannot be read: {exc}") from None
+    ids = table.column("item_id").to_numpy().astype(np.int64, copy=False)
+    external_ids = table.column("external_id").to_pylist()
+    if not embeddings:
+        return ids, external_ids, np.empty((len(table), 0), dtype=np.float32), nbytes
+    emb = table.column("embedding").combine_chunks()
+    d = emb.type.list_size
+    X = emb.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(len(table), d)
+    return ids, external_ids, X, nbytes
+
+
+def read_shard(shard: Shard | str, embeddings: bool = True) -> tuple[np.ndarray, list[str], np.ndarray, int]:
+    """One shard's rows: ``(item_ids (m,) int64 ascending, external ids, X m x d float32, bytes read)``.
+
+    Args:
+        shard: a manifest's shard (its full file with its delta applied), or the location of one Parquet file.
+        embeddings: False reads the id columns only (``X`` is then ``m x 0``).
+
+    Returns:
+        The rows, and the compressed bytes of the column chunks read (the files' size when all are read).
+
+    Raises:
+        StoreError: a file is missing or not the store's, or the rows do not match the manifest (the message
+            names the shard).
+    """
+    if isinstance(shard, str):
+        return _read_rows(shard, embeddings)
+    ids, external_ids, X, nbytes = _read_rows(shard.path, embeddings)
+    if shard.deleted is not None or shard.upserts is not None:
+        gone = np.empty(0, dtype=np.int64)
+        if shard.deleted is not None:
+            gone, n = _read_ids(shard.deleted)
+            nbytes += n
+        up_ids, up_X = np.empty(0, dtype=np.int64), X[:0]
+        up_ext: list[str] = []
+        if shard.upserts is not None:
+            up_ids, up_ext, up_X, n = _read_rows(shard.upserts, embeddings)
+            nbytes += n
+        keep = ~np.isin(ids, np.union1d(gone, up_ids))
+        kept = np.nonzero(keep)[0]
+        ids = np.concatenate([ids[kept], up_ids])
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        X = np.concatenate([X[kept], up_X])[order]
+        merged = [external_ids[int(i)] for i in kept] + list(up_ext)
+        external_ids = [merged[int(i)] for i in order]
+    if ids.shape[0] != shard.rows or (ids.size and (ids[0] != shard.first_id or ids[-1] != shard.last_id)):
+        raise StoreError(
+            f"pool store shard {display(shard.path)} yields {ids.shape[0]} rows, its manifest says {shard.rows}"
+        )
+    if ids.size > 1 and not bool(np.all(np.diff(ids) > 0)):
+        raise StoreError(f"pool store shard {display(shard.path)} has item ids out of order or repeated")
+    return ids, external_ids, X, nbytes
+
+
+# --------------------------------------------------------------------------------------------- planning
+
+
+@dataclass
+class Planned:
+    """One shard of the version being written: rows ``a:b`` of the new rows, owning ids ``lo..hi``.
+
+    ``keep``: the previous version's entry, listed again as it is. ``base``: the previous entry whose full file
+    stays, with a new delta (``deleted`` ids, ``upserts``: positions in the new rows). Neither: a fresh full shard.
+    """
+
+    lo: int
+    hi: int
+    a: int
+    b: int
+    keep: dict[str, Any] | None = None
+    base: dict[str, Any] | None = None
+    deleted: np.ndarray | None = None
+    upserts: np.ndarray | None = None
+
+    @property
+    def fresh(self) -> bool:
+        return self.keep is None and self.base is None
+
+    @property
+    def rows(self) -> int:
+        return self.b - self.a
+
+
+def plan(
+    previous: Sequence[dict[str, Any]],
+    item_ids: np.ndarray,
+    changed: np.ndarray,
+    shard_rows: int,
+    read_ids: Callable[[str], np.ndarray],
+) -> list[Planned]:
+    """The shards of a new version with rows ``item_ids`` (ascending), written from the previous version's
+    shard entries (empty: everything is written anew).
+
+    Args:
+        previous: the previous manifest's ``shards`` (relative paths).
+        item_ids: the new version's item ids, ascending.
+        changed: sorted item ids that may differ from the previous version (inserted, updated, deleted since it);
+            a superset is fine, a missing id is not (ids above the previous version's are found without it).
+        shard_rows: rows per fresh shard.
+        read_ids: ``relative path -> item ids`` of a file of the previous version (its full shards and upserts).
+    """
+    n = int(item_ids.shape[0])
+    out: list[Planned] = []
+    top: int | None = None
+    if previous:
+        los = np.asarray([int(e["lo"]) for e in previous], dtype=np.int64)
+        his = np.asarray([int(e["hi"]) for e in previous], dtype=np.int64)
+        starts = np.searchsorted(item_ids, los, "left")
+        stops = np.searchsorted(item_ids, his, "right")
+        c_lo = np.searchsorted(changed, los, "left")
+        c_hi = np.searchsorted(changed, his, "right")
+        for i, entry in enumerate(previous):
+            a, b = int(starts[i]), int(stops[i])
+            p = Planned(int(los[i]), int(his[i]), a, b)
+            same = (
+                c_hi[i] == c_lo[i]
+                and b - a == int(entry["rows"])
+                and b > a
+                and int(item_ids[a]) == int(entry["first_id"])
+                and int(item_ids[b - 1]) == int(entry["last_id"])
+            )
+            if same:
+                p.keep = entry
+            elif b > a:
+                _plan_delta(p, entry, item_ids, changed[c_lo[i] : c_hi[i]], read_ids)
+            out.append(p)
+        top = int(his[-1])
+    first = 0 if top is None else int(np.searchsorted(item_ids, top, "right"))
+    lo = MIN_ID if top is None else top + 1
+    for a in range(first, n, shard_rows):
+        b = min(a + shard_rows, n)
+        out.append(Planned(lo, int(item_ids[b - 1]), a, b))
+        lo = int(item_ids[b - 1]) + 1
+    out = _drop_empty(out)
+    if len(out) > math.ceil(n / shard_rows) + EXTRA_SHARDS:
+        out = _merge_neighbours(out, shard_rows)
+    return _split_large(out, item_ids, shard_rows)
+
+
+def _plan_delta(
+    p: Planned, entry: dict[str, Any], item_ids: np.ndarray, changed: np.ndarray, read_ids: Callable[[str], np.ndarray]
+) -> None:
+    """A changed shard: its cumulative delta against its full file, or a fresh full shard when the delta is large."""
+    target = item_ids[p.a : p.b]
+    base_ids = read_ids(str(entry["path"]))
+    hot = changed
+    if entry.get("upserts"):
+        hot = np.union1d(hot, read_ids(str(entry["upserts"])))
+    deleted = np.setdiff1d(base_ids, target, assume_unique=True)
+    up = ~np.isin(target, base_ids, assume_unique=True) | np.isin(target, hot)
+    n_delta = int(deleted.shape[0]) + int(up.sum())
+    if n_delta > COMPACT_DELTA_FRACTION * max(int(base_ids.shape[0]), 1):
+        return  # fresh
+    p.base = entry
+    p.deleted = deleted
+    p.upserts = p.a + np.nonzero(up)[0]
+
+
+def _drop_empty(planned: list[Planned]) -> list[Planned]:
+    """Shards left without rows go; their id range joins the next shard's (the previous one's when last)."""
+    out: list[Planned] = []
+    carry: int | None = None  # the lo of dropped shards, handed to the next kept one
+    for p in planned:
+        if p.rows == 0:
+            carry = p.lo if carry is None else carry
+            continue
+        if carry is not None:
+            p.lo, carry = carry, None
+        out.append(p)
+    if carry is not None and out:
+        out[-1].hi = planned[-1].hi
+    return out
+
+
+def _merge_neighbours(planned: list[Planned], shard_rows: int) -> list[Planned]:
+    """Runs of neighbouring shards whose rows fit in one shard become one fresh shard."""
+    out: list[Planned] = []
+    group: list[Planned] = []
+
+    def flush() -> None:
+        if len(group) == 1:
+            out.append(group[0])
+        elif group:
+            out.append(Planned(group[0].lo, group[-1].hi, group[0].a, group[-1].b))
+        group.clear()
+
+    for p in planned:
+        if group and sum(g.rows for g in group) + p.rows > shard_rows:
+            flush()
+        group.append(p)
+    flush()
+    return out
+
+
+def _split_large(planned: list[Planned], item_ids: np.ndarray, shard_rows: int) -> list[Planned]:
+    """A fresh shard above ``shard_rows`` rows (a rewritten shard that grew) is split."""
+    out: list[Planned] = []
+    for p in planned:
+        if not p.fresh or p.rows <= shard_rows:
+            out.append(p)
+            continue
+        lo = p.lo
+        for a in range(p.a, p.b, shard_rows):
+            b = min(a + shard_rows, p.b)
+            hi = p.hi if b == p.b else int(item_ids[b - 1])
+            out.append(Planned(lo, hi, a, b))
+            lo = hi + 1
+    return out
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def _table(item_ids: np.ndarray, external_ids: Sequence[str], X: np.ndarray, rows: np.ndarray | slice) -> pa.Table:
+    d = int(X.shape[1])
+    ids = np.asarray(item_ids[rows], dtype=np.int64)
+    exts = list(external_ids[rows]) if isinstance(rows, slice) else [external_ids[int(i)] for i in rows]
+    block = np.ascontiguousarray(X[rows], dtype=np.float32)  # m x d
+    return pa.table(
+        {
+            "item_id": pa.array(ids),
+            "external_id": pa.array(exts, type=pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), d),
+        },
+        schema=schema(d),
+    )
 
 
 def schema(d: int) -> pa.Schema:
@@ -110,74 +687,28 @@ def schema(d: int) -> pa.Schema:
     )
 
 
-def read_manifest(root: Path, pool_id: str, version: int) -> Manifest | None:
-    """The published version ``version`` of the pool, or None when the store does not have it."""
-    folder = _pool_dir(root, pool_id) / f"v{int(version)}"
-    try:
-        meta = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        return None
-    if meta.get("format") != FORMAT:
-        return None
-    shards = tuple(
-        Shard(str(folder / s["path"]), int(s["rows"]), int(s["first_id"]), int(s["last_id"]), int(s["bytes"]))
-        for s in meta["shards"]
-    )
-    return Manifest(str(meta["pool_id"]), int(meta["version"]), int(meta["d"]), int(meta["rows"]), shards, folder)
+def _referenced(meta: dict[str, Any]) -> set[str]:
+    """The files a manifest references (relative to its pool's folder)."""
+    out: set[str] = set()
+    for s in meta["shards"]:
+        out.add(str(s["path"]))
+        for key in ("deleted", "upserts"):
+            if s.get(key):
+                out.add(str(s[key]))
+    return out
 
 
-COLUMNS = ("item_id", "external_id", "embedding")
+@dataclass(frozen=True)
+class Changes:
+    """What changed since a published version: ``ids``, sorted item ids inserted, updated or deleted after
+    ``base_version`` (a superset is fine; ids above the base's newest need not be listed)."""
 
-
-def read_shard(path: str, embeddings: bool = True) -> tuple[np.ndarray, list[str], np.ndarray, int]:
-    """One shard's rows: ``(item_ids (m,) int64, external ids, X m x d float32, bytes read)``.
-
-    Args:
-        path: the shard's file.
-        embeddings: False reads the id columns only (``X`` is then ``m x 0``).
-
-    Returns:
-        The rows, and the compressed bytes of the column chunks read (the whole file's size when all are).
-
-    Raises:
-        StoreError: the file is missing or not a shard of the store (the message names it).
-    """
-    columns = list(COLUMNS if embeddings else COLUMNS[:2])
-    try:
-        parquet = pq.ParquetFile(path)
-        names = parquet.schema_arrow.names
-        if names != list(COLUMNS):
-            raise StoreError(f"pool store shard {path} has columns {names}, expected {', '.join(COLUMNS)}")
-        table = parquet.read(columns=columns)
-        meta = parquet.metadata
-        nbytes = sum(
-            meta.row_group(g).column(c).total_compressed_size
-            for g in range(meta.num_row_groups)
-            for c in range(meta.num_columns)
-            if meta.row_group(g).column(c).path_in_schema.split(".")[0] in columns
-        )
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise StoreError(f"pool store shard {path} cannot be read: {exc}") from None
-    ids = table.column("item_id").to_numpy().astype(np.int64, copy=False)
-    external_ids = table.column("external_id").to_pylist()
-    if not embeddings:
-        return ids, external_ids, np.empty((len(table), 0), dtype=np.float32), int(nbytes)
-    emb = table.column("embedding").combine_chunks()
-    d = emb.type.list_size
-    X = emb.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(len(table), d)
-    return ids, external_ids, X, int(nbytes)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    base_version: int
+    ids: np.ndarray
 
 
 def write_version(
-    root: Path,
+    root: str | Path,
     pool_id: str,
     version: int,
     item_ids: np.ndarray,
@@ -185,106 +716,206 @@ def write_version(
     X: np.ndarray,
     shard_rows: int,
     progress: Progress | None = None,
+    changes: Changes | None = None,
+    newest: int | None = None,
 ) -> Manifest:
     """Publish rows (ascending ``item_ids``, ``n x d`` float32 ``X``) as version ``version`` of the pool.
 
-    Written in a temporary folder and renamed as a whole; when another writer published the same version first,
-    its copy is kept and returned. Older versions are pruned afterwards.
+    With ``changes``, the version is written from ``changes.base_version`` (:func:`plan`: only new and changed
+    rows are written); without them, or when that version is gone or has another width, in full. When another
+    writer published the same version first, its copy is kept and returned. Older versions are pruned afterwards
+    (:func:`prune`; ``newest``: the database's content version, when known).
     """
-    pool_dir = _pool_dir(root, pool_id)
-    pool_dir.mkdir(parents=True, exist_ok=True)
-    final = pool_dir / f"v{int(version)}"
-    n, d = int(X.shape[0]), int(X.shape[1])
-    tmp = pool_dir / f".tmp-{uuid.uuid4().hex}"
-    tmp.mkdir()
-    shards: list[dict[str, Any]] = []
+    fs = files(root)
+    d = int(X.shape[1])
+    base = None
+    if changes is not None:
+        base = _load_meta(fs, pool_id, changes.base_version)
+        if base is not None and int(base["d"]) != d:
+            base = None
+    ids = np.unique(np.asarray(changes.ids if changes is not None else [], dtype=np.int64))
+    meta = _write(fs, pool_id, version, item_ids, external_ids, X, shard_rows, progress, ids, base)
+    prune(root, pool_id, newest=None if newest is None else max(int(newest), int(version)))  # never this one
+    if meta is not None and not all(fs.exists([f"{pool_id}/{r}" for r in sorted(_referenced(meta))])):
+        # a concurrent pruner removed a file this version shares (its writer took longer than PRUNE_GRACE_S)
+        log.warning("pool store: pool %s version %d lost a shared file; writing it in full", pool_id, version)
+        _write(fs, pool_id, version, item_ids, external_ids, X, shard_rows, progress, ids, None, True)
+    published = read_manifest(root, pool_id, version)
+    if published is None:
+        raise StoreError(f"pool store version {display(fs.location(_manifest_rel(pool_id, version)))} vanished")
+    return published
+
+
+def _write(
+    fs: Files,
+    pool_id: str,
+    version: int,
+    item_ids: np.ndarray,
+    external_ids: Sequence[str],
+    X: np.ndarray,
+    shard_rows: int,
+    progress: Progress | None,
+    changed: np.ndarray,
+    base: dict[str, Any] | None,
+    replace_published: bool = False,
+) -> dict[str, Any] | None:
+    """Write the files of a version and publish its manifest; the manifest, or None when one was there."""
+    pool = _pool_rel(pool_id)
+    n = int(X.shape[0])
+    previous = list(base["shards"]) if base is not None else []
+    planned = plan(previous, np.asarray(item_ids), changed, shard_rows, lambda rel: fs.read_ids(f"{pool}/{rel}"))
+    folder = f"d-v{int(version)}-{uuid.uuid4().hex[:12]}"
+    total = sum(p.rows for p in planned if p.fresh) + sum(len(p.upserts) for p in planned if p.upserts is not None)
+    written = {"rows": 0, "deleted_ids": 0, "files": 0, "bytes": 0, "shards_shared": 0}
+    entries: list[dict[str, Any]] = []
+
+    def put(name: str, table: pa.Table) -> tuple[str, int]:
+        size = fs.write_table(f"{pool}/{folder}/{name}", table)
+        written["files"] += 1
+        written["bytes"] += size
+        return f"{folder}/{name}", size
+
     try:
-        for index, start in enumerate(range(0, max(n, 1), shard_rows)):
-            stop = min(start + shard_rows, n)
-            if stop <= start:
-                break
-            rows = np.ascontiguousarray(X[start:stop], dtype=np.float32)  # m x d
-            table = pa.table(
-                {
-                    "item_id": pa.array(np.asarray(item_ids[start:stop], dtype=np.int64)),
-                    "external_id": pa.array(list(external_ids[start:stop]), type=pa.string()),
-                    "embedding": pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), d),
-                },
-                schema=schema(d),
-            )
-            name = f"part-{index:05d}.parquet"
-            pq.write_table(table, tmp / name, compression="zstd")
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
-            shards.append(
-                {
-                    "path": name,
-                    "rows": stop - start,
-                    "first_id": int(item_ids[start]),
-                    "last_id": int(item_ids[stop - 1]),
-                    "bytes": os.path.getsize(tmp / name),
-                }
-            )
-            if progress is not None:
-                progress(stop, n)
+        for index, p in enumerate(planned):
+            entry: dict[str, Any] = {
+                "rows": p.rows,
+                "first_id": int(item_ids[p.a]),
+                "last_id": int(item_ids[p.b - 1]),
+                "lo": p.lo,
+                "hi": p.hi,
+            }
+            if p.keep is not None:
+                entry.update({k: p.keep.get(k) for k in ("path", "bytes", "base_bytes", "deleted", "upserts")})
+                written["shards_shared"] += 1
+            elif p.base is not None:
+                entry.update(path=p.base["path"], base_bytes=int(p.base["base_bytes"]), deleted=None, upserts=None)
+                size = int(p.base["base_bytes"])
+                if p.deleted is not None and p.deleted.size:
+                    del_table = pa.table({"item_id": pa.array(p.deleted, type=pa.int64())})
+                    entry["deleted"], extra = put(f"del-{index:05d}.parquet", del_table)
+                    written["deleted_ids"] += int(p.deleted.shape[0])
+                    size += extra
+                if p.upserts is not None and p.upserts.size:
+                    entry["upserts"], extra = put(
+                        f"up-{index:05d}.parquet", _table(item_ids, external_ids, X, p.upserts)
+                    )
+                    written["rows"] += int(p.upserts.shape[0])
+                    size += extra
+                entry["bytes"] = size
+                written["shards_shared"] += 1
+            else:
+                entry["path"], size = put(
+                    f"part-{index:05d}.parquet", _table(item_ids, external_ids, X, slice(p.a, p.b))
+                )
+                entry.update(bytes=size, base_bytes=size, deleted=None, upserts=None)
+                written["rows"] += p.rows
+            entries.append(entry)
+            if progress is not None and total:
+                progress(written["rows"], total)
+        if sum(e["rows"] for e in entries) != n:
+            raise StoreError(f"pool store: the plan of pool {pool_id} version {version} lost rows (a bug)")
+        fs.sync_folder(f"{pool}/{folder}")
         meta = {
             "format": FORMAT,
             "pool_id": pool_id,
             "version": int(version),
-            "d": d,
+            "d": int(X.shape[1]),
             "rows": n,
-            "shards": shards,
+            "base_version": None if base is None else int(base["version"]),
+            "written": written,
+            "shards": entries,
             "created_at": datetime.now(UTC).isoformat(),
         }
-        part = tmp / f".{MANIFEST}.{uuid.uuid4().hex}"
-        with open(part, "w") as f:
-            json.dump(meta, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(part, tmp / MANIFEST)  # written last: a folder without it is never a version
-        _fsync_dir(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # the folder exists: another writer published this version first, or it is damaged
-            if read_manifest(root, pool_id, version) is None:  # damaged (its manifest is gone): replace it
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
-        _fsync_dir(pool_dir)
+        rel = _manifest_rel(pool_id, version)
+        if not replace_published and _load_meta(fs, pool_id, version) is not None:
+            fs.delete_tree(f"{pool}/{folder}")  # another writer published this version first: keep its copy
+            return None
+        fs.publish(rel, json.dumps(meta).encode())  # last: a version without its manifest is never seen
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        fs.delete_tree(f"{pool}/{folder}")
         raise
-    prune(root, pool_id)
-    published = read_manifest(root, pool_id, version)
-    if published is None:
-        raise StoreError(f"pool store version {final} vanished after it was written")
-    return published
+    return meta
 
 
-def prune(root: Path, pool_id: str, keep: int = KEEP_VERSIONS) -> list[str]:
-    """Remove all but the ``keep`` newest published versions, and stale temporary folders. Returns what went."""
-    pool_dir = _pool_dir(root, pool_id)
-    if not pool_dir.exists():
-        return []
-    versions = sorted(
-        (int(p.name[1:]), p) for p in pool_dir.iterdir() if p.name[1:].isdigit() and p.name.startswith("v")
-    )
-    removed: list[str] = []
-    for _v, path in versions[: max(len(versions) - keep, 0)]:
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path.name)
+# --------------------------------------------------------------------------------------------- pruning
+
+
+def prune(
+    root: str | Path,
+    pool_id: str,
+    keep: int = KEEP_VERSIONS,
+    grace_s: float | None = None,
+    stale_s: float | None = None,
+    newest: int | None = None,
+) -> list[str]:
+    """Remove the manifests no longer kept and the files no kept manifest references. Returns what went.
+
+    Kept: the ``keep`` newest manifests, and any published, or superseded, less than ``grace_s`` ago; not one
+    above ``newest`` (the database's content version: a manifest above it, older than ``grace_s``, was written
+    before the database was restored from a backup). A file goes when no kept manifest references it and a removed
+    manifest did, or it is older than ``stale_s`` (a crashed writer's). A kept manifest that cannot be read keeps
+    every file.
+    """
+    grace = PRUNE_GRACE_S if grace_s is None else grace_s
+    stale = STALE_S if stale_s is None else stale_s
+    fs = files(root)
+    pool = _pool_rel(pool_id)
     now = time.time()
-    for path in pool_dir.iterdir():
-        if path.name.startswith(".tmp-") and now - path.stat().st_mtime > STALE_TMP_S:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path.name)
+    listing = fs.listing(pool)
+    versions = _versions(fs, pool_id)
+    kept: list[int] = []
+    dropped = [v for v, mtime in versions if newest is not None and v > newest and now - mtime >= grace]
+    successor_mtime: float | None = None
+    for v, mtime in versions:
+        if v in dropped:
+            continue
+        recent = now - mtime < grace or (successor_mtime is not None and now - successor_mtime < grace)
+        (kept if len(kept) < keep or recent else dropped).append(v)
+        successor_mtime = mtime
+    referenced: set[str] = set()
+    readable = True
+    for v in kept:
+        meta = _load_meta(fs, pool_id, v)
+        if meta is None:
+            readable = False
+            continue
+        referenced |= _referenced(meta)
+    released: set[str] = set()
+    for v in dropped:
+        meta = _load_meta(fs, pool_id, v)
+        if meta is not None:
+            released |= _referenced(meta)
+    removed: list[str] = []
+    for v in dropped:  # manifests first: no manifest ever names a removed file
+        fs.delete(_manifest_rel(pool_id, v))
+        removed.append(f"v{v}.json")
+    for rel, mtime, is_dir in listing:
+        name = rel.split("/", 1)[1] if "/" in rel else ""
+        if is_dir:
+            continue
+        top = name.split("/", 1)[0]
+        if top.startswith("d-") and readable and name not in referenced:
+            if name in released or now - mtime > stale:
+                fs.delete(rel)
+                removed.append(name)
+        elif top.startswith(".v") and now - mtime > stale:  # a crashed publish's temporary manifest
+            fs.delete(rel)
+            removed.append(name)
+    for rel, mtime, is_dir in listing:  # folders of the first store format (v<version>/manifest.json)
+        name = rel.split("/", 1)[1] if "/" in rel else ""
+        if is_dir and re.fullmatch(r"v\d+|\.tmp-[0-9a-f]+", name) and (versions or now - mtime > stale):
+            fs.delete_tree(rel)
+            removed.append(name)
+    fs.remove_empty_folders(pool)
     return removed
 
 
-def drop(root: Path, pool_id: str) -> None:
+def drop(root: str | Path, pool_id: str) -> None:
     """Remove every version of a pool (e.g. the pool was deleted)."""
-    shutil.rmtree(_pool_dir(root, pool_id), ignore_errors=True)
+    files(root).delete_tree(_pool_rel(pool_id))
+
+
+# --------------------------------------------------------------------------------------------- the service's side
 
 
 def ensure_version(
@@ -293,16 +924,20 @@ def ensure_version(
     """The store's copy of the pool at its current content version, written first when missing.
 
     The rows are read with the worker's reader (:func:`worker.pool_data.load_pool`, from the worker cache when
-    it has the pool). Returns the manifest and how it was served: ``hit`` (already there) or ``written``.
+    it has the pool); the ids that changed since the newest published version come from the database, so only
+    new and changed rows are written (:func:`write_version`). Returns the manifest and how it was served: ``hit``
+    (already there) or ``written``.
 
     Raises:
         LookupError: the pool is gone.
         worker.pool_data.PoolDataError: a selectable row without a valid embedding.
     """
     root = store_root(settings)
+    fs = files(root)
     version = content_store.content_version(session, pool.id)
     if version is None:
         raise LookupError(f"pool {pool.id} does not exist")
+    current = version
     found = read_manifest(root, pool.id, version)
     if found is not None and found.d == int(pool.embedding_dim):
         return found, "hit"
@@ -311,11 +946,34 @@ def ensure_version(
     # The cache reports the version its rows reflect; read uncached, the rows are the version read above (or
     # newer, when items arrived meanwhile: the next batch then writes that version).
     version = int(data.cache.get("version", version))
+    changes = None
+    base = _base_meta(fs, pool.id, version, int(pool.embedding_dim))
+    if base is not None:
+        # Read after the rows: every change the rows reflect is among these (a superset is fine).
+        top = max((int(s["hi"]) for s in base["shards"]), default=None)
+        ids = content_store.changed_ids(session, pool.id, int(base["version"]), top)
+        changes = Changes(int(base["version"]), np.asarray(ids, dtype=np.int64))
     manifest = write_version(
-        root, pool.id, version, data.item_ids, data.external_ids, data.X, int(settings.pool_store_shard_rows), progress
+        root,
+        pool.id,
+        version,
+        np.asarray(data.item_ids),
+        data.external_ids,
+        data.X,
+        int(settings.pool_store_shard_rows),
+        progress,
+        changes,
+        newest=current,
     )
     log.info(
-        "pool store: pool %s version %d written (%d rows, %d shards)", pool.id, version, data.n, len(manifest.shards)
+        "pool store: pool %s version %d written from %s (%d rows, %d shards; %d rows and %d deleted ids written)",
+        pool.id,
+        version,
+        "scratch" if manifest.base_version is None else f"version {manifest.base_version}",
+        data.n,
+        len(manifest.shards),
+        manifest.written.get("rows", 0),
+        manifest.written.get("deleted_ids", 0),
     )
     return manifest, "written"
 
@@ -346,8 +1004,17 @@ def migrate_all(settings: Any, pool_ids: Sequence[str] | None = None, progress_b
                 if pool is None:  # deleted meanwhile
                     continue
                 manifest, how = ensure_version(s, settings, pool, advance)
+        if how == "hit":
+            what = "already in the store"
+        elif manifest.base_version is None:
+            what = "written in full"
+        else:
+            what = (
+                f"written from version {manifest.base_version}: {manifest.written.get('rows', 0)} rows, "
+                f"{manifest.written.get('deleted_ids', 0)} deleted ids"
+            )
         lines.append(
             f"pool {pool_id} ({name}): version {manifest.version}, {manifest.rows} rows in {len(manifest.shards)} "
-            f"shard(s), {manifest.bytes} bytes ({'already in the store' if how == 'hit' else 'written'})"
+            f"shard(s), {manifest.bytes} bytes ({what})"
         )
     return lines

@@ -55,6 +55,19 @@ def tombstones(session: Session, pool_id: str, after: int) -> list[tuple[int, in
     return [(int(r[0]), int(r[1])) for r in rows]
 
 
+def changed_ids(session: Session, pool_id: str, after: int, at_most: int | None = None) -> list[int]:
+    """Ids of the rows inserted, changed (a watched column) or deleted after version ``after``, ascending; only
+    ids up to ``at_most`` when given (the pool store asks for the ids its previous version's shards own)."""
+    changed = select(Item.id).where(Item.pool_id == pool_id, Item.content_seq > after)
+    deleted = select(ItemTombstone.item_id).where(ItemTombstone.pool_id == pool_id, ItemTombstone.seq > after)
+    if at_most is not None:
+        changed = changed.where(Item.id <= at_most)
+        deleted = deleted.where(ItemTombstone.item_id <= at_most)
+    ids = {int(i) for i in session.execute(changed).scalars()}
+    ids.update(int(i) for i in session.execute(deleted).scalars())
+    return sorted(ids)
+
+
 def stream_selectable(
     session: Session, pool_id: str, sql_columns: str, columns: Sequence[Any], chunk: int, cursor_name: str
 ) -> Iterator[Sequence[Any]]:

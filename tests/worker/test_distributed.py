@@ -15,16 +15,20 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import delete, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
+from service.db import session_scope
 from service.main import create_app
+from service.store.models import Item, Pool
 from tests.conftest import REDIS_URL
 from tests.e2e.procs import free_port
 from tests.service.test_web import _sign_in
@@ -249,6 +253,75 @@ def test_cluster_picks_equal_the_single_process_picks(
         page = app.get(f"/ui/pools/{pool_dask.pool_id}/batches/{dask_batch['id']}").text
         assert re.search(r"Ran on the Dask cluster: [12] of 2 worker\(s\), 10 task\(s\), store version \d+", page)
         assert cluster.address not in page and cluster.address not in pool_page
+
+
+def _change_pool(db: sessionmaker[Session], pool_id: str) -> None:
+    """Appends, deletes, re-uploads and a split move, the same on every copy of the pool."""
+    now = datetime.now(UTC)
+    rng = np.random.default_rng(11)
+    new = rng.normal(0.0, 3.0, size=(25, POOL["d"])).astype("<f4")
+    with session_scope(db) as s:
+        s.execute(
+            insert(Item),
+            [
+                {"pool_id": pool_id, "external_id": f"late-{i:03d}", "embedding": x.tobytes(), "status": "unlabeled",
+                 "created_at": now, "updated_at": now}
+                for i, x in enumerate(new)
+            ],
+        )  # fmt: skip
+        s.execute(delete(Item).where(Item.pool_id == pool_id, Item.external_id.in_(["item-00101", "item-00250"])))
+        for i in range(5):
+            s.execute(
+                update(Item)
+                .where(Item.pool_id == pool_id, Item.external_id == f"item-{150 + 20 * i:05d}")
+                .values(embedding=rng.normal(0.0, 3.0, size=POOL["d"]).astype("<f4").tobytes())
+            )
+        moved = update(Item).where(Item.pool_id == pool_id, Item.external_id == "item-00333")
+        s.execute(moved.values(split="validation"))
+
+
+def test_a_changed_pool_is_read_from_an_incremental_version_with_the_same_picks(
+    cluster: Cluster, settings: Settings, db: sessionmaker[Session], auth: dict[str, str], tmp_path: Path
+) -> None:
+    """Between two batches the pool gains, loses and rewrites items: the second cluster batch reads a store version
+    written from the first one's (the new rows in a new shard, deltas for the rest, the old full shards shared);
+    Dask workers reading its shards get exactly the single-process reader's rows, and the picks are the
+    single-process picks."""
+    from distributed import Client
+
+    from worker import pool_store
+    from worker.pool_data import load_pool
+
+    dask_settings = _settings(settings, tmp_path / "store", dask_scheduler=cluster.address)
+    picks: dict[str, list[Any]] = {}
+    for engine, cfg in (("local", settings), ("dask", dask_settings)):
+        with TestClient(create_app(cfg)) as app:
+            data = make_pool(db, name=f"incremental-{engine}", **POOL)
+            for seed in (5, 6):
+                if seed == 6:
+                    _change_pool(db, data.pool_id)
+                batch = _wait(app, cfg, auth, data.pool_id, _batch(app, auth, data.pool_id, "margin", seed=seed))
+                assert batch["status"] == "succeeded", batch["error"]
+                assert batch["diagnostics"]["engine"] == engine
+                picks.setdefault(engine, []).append(batch["item_ids"])
+                versions = picks.setdefault(f"{engine}-versions", [])
+                versions.append(batch["diagnostics"]["selection"].get("store_version"))
+        if engine == "dask":
+            first_version, version = (int(v) for v in picks["dask-versions"])
+            manifest = pool_store.read_manifest(dask_settings.pool_store, data.pool_id, version)
+            assert manifest is not None and manifest.base_version == first_version
+            assert manifest.written["rows"] < 40 and manifest.written["shards_shared"] >= 9
+            assert any(s.deleted for s in manifest.shards) and any(s.upserts for s in manifest.shards)
+            with Client(cluster.address, timeout=10, set_as_default=False) as client:
+                parts = client.gather(client.map(pool_store.read_shard, list(manifest.shards), pure=False))
+            with session_scope(db) as s:
+                pool = s.get(Pool, data.pool_id)
+                assert pool is not None
+                fresh = load_pool(s, pool, datetime.now(UTC))
+            assert np.array_equal(np.concatenate([p[0] for p in parts]), fresh.item_ids)
+            assert [e for p in parts for e in p[1]] == list(fresh.external_ids)
+            assert np.array_equal(np.concatenate([p[2] for p in parts]), fresh.X)
+    assert picks["dask"] == picks["local"]
 
 
 def _kill_w0_mid_task(cluster: Cluster, killed: list[str]) -> None:
