@@ -33,6 +33,9 @@ APPLY_ANNOTATION = "worker.annotation.apply_annotation"
 TRAIN_REQUESTED = "worker.annotation.train_requested"
 REDELIVER = "worker.annotation.redeliver"
 
+#: Remove a deleted pool's folder from the pool store (job id = ``drop-store-<pool id>``).
+DROP_POOL_STORE = "worker.pool_store.drop_deleted_pool"
+
 #: The in-process runner's start hook, called with ``(settings, queue)`` before its first job.
 WORKER_CONFIGURE = "worker.runtime.configure"
 
@@ -47,6 +50,7 @@ JOBS = (
     APPLY_ANNOTATION,
     TRAIN_REQUESTED,
     REDELIVER,
+    DROP_POOL_STORE,
     WORKER_CONFIGURE,
 )
 

@@ -66,7 +66,7 @@ from tqdm import tqdm
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.store import content as content_store
 from service.store.models import Pool
-from worker import pool_cache
+from worker import context, pool_cache
 from worker.pool_data import load_pool
 
 log = logging.getLogger(__name__)
@@ -913,6 +913,51 @@ def prune(
 def drop(root: str | Path, pool_id: str) -> None:
     """Remove every version of a pool (e.g. the pool was deleted)."""
     files(root).delete_tree(_pool_rel(pool_id))
+
+
+def pool_folders(root: str | Path) -> list[str]:
+    """The pool ids that have a folder in the store (its top-level folders named like a pool id)."""
+    fs = files(root)
+    selector = pafs.FileSelector(fs.base, recursive=False, allow_not_found=True)
+    names = [i.base_name for i in fs.fs.get_file_info(selector) if i.type == pafs.FileType.Directory]
+    return sorted(n for n in names if pool_cache._POOL_ID.fullmatch(n))
+
+
+def sweep_deleted(settings: Any, session: Session) -> list[str]:
+    """Remove the store's folders of pools the database no longer has: a deleted pool's embeddings must not
+    outlive it. Runs when a pool is deleted (:func:`drop_deleted_pool`, a job the delete enqueues) and when a
+    worker starts (a delete whose job was lost). Returns the pool ids removed."""
+    root = store_root(settings)
+    ids = pool_folders(root)
+    if not ids:
+        return []
+    alive = set(session.scalars(select(Pool.id).where(Pool.id.in_(ids))))
+    gone = [i for i in ids if i not in alive]
+    for pool_id in gone:
+        drop(root, pool_id)
+        log.info("pool store: removed the folder of deleted pool %s", pool_id)
+    return gone
+
+
+def sweep_at_start(settings: Any, factory: Any) -> list[str]:
+    """:func:`sweep_deleted` when a worker starts; a store that cannot be read is logged, not raised (the worker
+    must start; the next start or delete tries again)."""
+    try:
+        with session_scope(factory) as s:
+            return sweep_deleted(settings, s)
+    except Exception:
+        log.exception("pool store: the sweep of deleted pools failed")
+        return []
+
+
+def drop_deleted_pool(pool_id: str) -> None:
+    """The job a pool's deletion enqueues: remove its folder from the store, once the pool is gone from the
+    database (a pool that still exists, e.g. a delete that rolled back, keeps its folder)."""
+    env = context.env()
+    with session_scope(env.sessionmaker) as s:
+        if s.get(Pool, pool_id) is not None:
+            return
+    drop(store_root(env.settings), pool_id)
 
 
 # --------------------------------------------------------------------------------------------- the service's side

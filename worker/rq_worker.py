@@ -27,7 +27,7 @@ from service.config import Settings
 from service.crypto import check_secret_key
 from service.domain.jobs import recover_jobs
 from service.queue import RQQueue
-from worker import context, threads
+from worker import context, pool_store, threads
 from worker.runtime import resolve_device
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ def run(settings: Settings, burst: bool = False, name: str | None = None) -> int
     check_secret_key(settings)  # PostgreSQL without BAIT_SECRET_KEY: refuse to start
     queue = RQQueue(settings)
     env = context.configure(settings, queue=queue)  # jobs that create jobs submit them here
+    pool_store.sweep_at_start(settings, env.sessionmaker)  # folders of pools deleted while no worker ran
     device = resolve_device(settings.device)
     if settings.warm_up:  # a first batch should not pay torch's start-up nor the rates' measurement
         threads.warm_up(settings.job_threads, device)

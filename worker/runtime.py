@@ -29,7 +29,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.queue import JobQueue
 from service.store import batches as store
-from worker import context, threads
+from worker import context, pool_store, threads
 from worker.pool_data import PoolDataError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ def configure(settings: Settings, queue: JobQueue | None = None) -> None:
     """Runner start hook: importing this module loads the numerics; then point jobs at ``settings`` (and
     at ``queue``, where the jobs they create go) and warm up head training (once per process, unless
     ``BAIT_WARM_UP=false``)."""
-    context.configure(settings, queue=queue)
+    env = context.configure(settings, queue=queue)
+    pool_store.sweep_at_start(settings, env.sessionmaker)  # folders of pools deleted while no runner ran
     if settings.warm_up:
         threads.warm_up(settings.job_threads, resolve_device(settings.device))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
+from service import catalog
 from service.api.schemas import (
     EmbeddingCounts,
     PoolCounts,
@@ -17,6 +18,7 @@ from service.deps import SessionDep, TenantDep
 from service.domain import embedding as embedding_domain
 from service.domain import pools as pools_domain
 from service.errors import ERROR_RESPONSES
+from service.queue import enqueue_on_commit
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
 
@@ -89,7 +91,11 @@ def patch_pool(pool: str, body: PoolPatch, request: Request, session: SessionDep
 
 
 @router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses=ERROR_RESPONSES)
-def delete_pool(pool: str, session: SessionDep, tenant: TenantDep) -> Response:
-    """Delete a pool and everything in it (items, labels, batches, checkpoints)."""
-    pools_domain.delete_pool(session, tenant.id, pool)
+def delete_pool(pool: str, request: Request, session: SessionDep, tenant: TenantDep) -> Response:
+    """Delete a pool and everything in it (items, labels, batches, checkpoints, and its folder in the pool store,
+    removed by a job once the deletion has committed)."""
+    pool_id = pools_domain.delete_pool(session, tenant.id, pool)
+    enqueue_on_commit(
+        session, request.app.state.queue, catalog.DROP_POOL_STORE, f"drop-store-{pool_id}", pool_id=pool_id
+    )
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -98,7 +98,9 @@ def list_pools(session: Session, tenant_id: str) -> list[PoolView]:
     return [PoolView(p, counts[p.id]) for p in pools]
 
 
-def delete_pool(session: Session, tenant_id: str, pool_id: str) -> None:
-    """Delete the pool with its items, labels, batches and checkpoints."""
+def delete_pool(session: Session, tenant_id: str, pool_id: str) -> str:
+    """Delete the pool with its items, labels, batches and checkpoints; returns its id."""
     pool = get_pool(session, tenant_id, pool_id)
-    pools_repo.delete_pool(session, pool.id)
+    deleted = pool.id
+    pools_repo.delete_pool(session, deleted)
+    return deleted

@@ -561,3 +561,45 @@ def test_versions_above_the_database_s_are_dropped_after_a_restore(
     on_disk = {str(p) for p in (Path(root) / data.pool_id).glob("d-*/*.parquet")}
     assert on_disk == {s.path for s in manifest.shards}  # the stale versions' files went with them
     assert_store_is(manifest, _fresh(db, data.pool_id))
+
+
+def test_a_deleted_pool_leaves_nothing_in_the_store(
+    db: sessionmaker[Session],
+    settings: Settings,
+    tmp_path: Path,
+    auth: dict[str, str],
+    other_auth: dict[str, str],
+    run_jobs: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deleting a pool removes its folder from the store (a job after the commit); another tenant's key cannot;
+    a folder whose deletion job was lost goes when a worker starts; other pools' folders stay."""
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    # the api and the worker (run_jobs configures RQ's with this object) share the store, as in a deployment
+    monkeypatch.setattr(settings, "pool_store", str(tmp_path / "store"))
+    store_settings = settings
+
+    gone, kept, lost = (make_pool(db, n=40, d=4, n_labeled=4, name=name) for name in ("gone", "kept", "lost"))
+    for data in (gone, kept, lost):
+        _ensure(db, store_settings, data.pool_id)
+    root = pool_store.store_root(store_settings)
+    assert pool_store.pool_folders(root) == sorted([gone.pool_id, kept.pool_id, lost.pool_id])
+    with TestClient(create_app(store_settings)) as app:
+        assert app.delete(f"/v1/pools/{gone.pool_id}", headers=other_auth).status_code == 404
+        run_jobs(app_client=app)
+        assert gone.pool_id in pool_store.pool_folders(root)  # not the other tenant's to delete
+        assert app.delete(f"/v1/pools/{gone.pool_id}", headers=auth).status_code == 204
+        run_jobs(app_client=app)
+        assert pool_store.pool_folders(root) == sorted([kept.pool_id, lost.pool_id])
+    # a pool deleted with no job to follow (e.g. the queue lost it): the next worker start removes its folder
+    with session_scope(db) as s:
+        s.execute(delete(Item).where(Item.pool_id == lost.pool_id))
+        s.execute(delete(Pool).where(Pool.id == lost.pool_id))
+    assert pool_store.sweep_at_start(store_settings, db) == [lost.pool_id]
+    assert pool_store.pool_folders(root) == [kept.pool_id]
+    manifest, how = _ensure(db, store_settings, kept.pool_id)
+    assert how == "hit"
+    assert_store_is(manifest, _fresh(db, kept.pool_id))
