@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gzip
 import json
 import math
 import sys
@@ -232,13 +233,21 @@ def decode(rec: Mapping[str, Any]) -> np.ndarray:
 class RoundLog:
     """``rounds.jsonl``: per round of every run the validation score, the stop-set predictions and, for
     ``auto``, the round's history entry (labels still null; the hook fills them from the pool when it builds
-    the history). A round recomputed after an interruption replaces its record."""
+    the history). A round recomputed after an interruption replaces its record. A committed results folder
+    keeps it gzipped (``rounds.jsonl.gz``, read when ``rounds.jsonl`` is absent; a run appends to a plain
+    ``rounds.jsonl``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.records: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+        packed = self.path.with_name(self.path.name + ".gz")
+        text = None
         if self.path.is_file():
-            for line in self.path.read_text().splitlines():
+            text = self.path.read_text()
+        elif packed.is_file():
+            text = gzip.decompress(packed.read_bytes()).decode()
+        if text is not None:
+            for line in text.splitlines():
                 if line.strip():
                     rec = json.loads(line)
                     self.records[(rec["config"], rec["strategy"], int(rec["seed"]), int(rec["round"]))] = rec
