@@ -60,7 +60,18 @@ from threadpoolctl import threadpool_limits
 from selection import fused
 from selection.linalg import block_matvec, rank_one_chunk, rank_one_update, trace_solve_scores
 
-__all__ = ["TABLE", "Rates", "factor", "machine_rates", "measure", "observe", "small_flops", "step_kind", "warm"]
+__all__ = [
+    "TABLE",
+    "Rates",
+    "factor",
+    "machine_rates",
+    "measure",
+    "observe",
+    "rank1_rate",
+    "small_flops",
+    "step_kind",
+    "warm",
+]
 
 
 @dataclass(frozen=True)
@@ -148,8 +159,9 @@ CAP_BUDGET_FRACTION = 0.1
 #: Weight of the newest observation in the correction factors (see observe), and their bounds.
 OBSERVE_WEIGHT = 0.5
 FACTOR_BOUNDS = (0.2, 20.0)
-#: Phases shorter than this (seconds, measured) are not observed: timer noise and fixed costs.
-OBSERVE_MIN_S = 0.05
+#: Phases shorter than this (seconds, measured) are not observed: there the fixed costs, not the rates, set the
+#: time (a 0.08 s greedy of a 10^4-row binary pool, estimated at 0.02 s, doubled the next 10^5-row estimate).
+OBSERVE_MIN_S = 0.5
 
 _RATE_NAMES = ("gemm", "dense", "stream", "rank1", "small_lo", "small_hi", "matrix")
 
@@ -231,6 +243,69 @@ def warm(device: torch.device, dtype: torch.dtype, threads: int) -> Rates:
     return machine_rates(device, dtype, threads)
 
 
+_RANK1: dict[tuple[tuple[str, int | None, torch.dtype, int], int], float] = {}
+
+
+def rank1_rate(device: torch.device, dtype: torch.dtype, threads: int, d: int) -> float:
+    """Bytes of ``X`` per second of the rank-one step at dimension ``d``, measured once per process and ``d``
+    (about :data:`RANK1_BYTES` of rows, the engine's chunks on ``threads`` workers; ~0.1 s), or the table's with
+    ``BAIT_RATES=table``. The rate depends on ``d`` in no simple way (the GEMV's kernel changes with the
+    shape: 6.3 GB/s at d = 128 against 11 GB/s at d = 64 and d = 768 on the quiet 2-core box), so a rank-one
+    plan is costed at its own ``d``, not at the ``rank1`` stage's."""
+    if os.environ.get("BAIT_RATES", "").strip() == "table":
+        return table_rates(device, dtype).rank1_rate
+    key = (_key(device, dtype, threads), int(d))
+    with _LOCK:
+        hit = _RANK1.get(key)
+    if hit is not None:
+        return hit
+    try:
+        rate = _rank1_measure(device, dtype, max(1, threads), max(1, int(d)))
+    except Exception:  # a failed microbenchmark must not fail a selection
+        rate = table_rates(device, dtype).rank1_rate
+    with _LOCK:
+        _RANK1[key] = rate
+    return rate
+
+
+def _rank1_measure(device: torch.device, dtype: torch.dtype, threads: int, d: int) -> float:
+    itemsize = torch.finfo(dtype).bits // 8
+    rows = max(1024, RANK1_BYTES // (d * itemsize))
+    x = torch.full((rows, d), 1e-3, dtype=dtype, device=device)
+    et = torch.full((rows, 1, 1), 1e-3, dtype=torch.float64, device=device)
+    g = torch.ones((rows, 1, 1), dtype=torch.float64, device=device)
+    h = torch.ones((rows, 1, 1), dtype=torch.float64, device=device)
+    b = torch.full((d, 2), 1e-3, dtype=torch.float64, device=device)
+    if device.type != "cpu":
+
+        def sync() -> None:
+            torch.cuda.synchronize(device)
+
+        def whole() -> None:
+            rank_one_update(x, et, g, h, b, 1.0)
+            trace_solve_scores(g, h, 1.0)
+
+        return rows * d * itemsize / _best(whole, 3, sync)
+    cs = rank_one_chunk(rows, threads, 2**18)
+    chunks = [(lo, min(rows, lo + cs)) for lo in range(0, rows, cs)]
+    saved = torch.get_num_threads()
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="bait-rank1") if threads > 1 else None
+
+    def step(i: int) -> None:
+        for lo, hi in chunks[i::threads]:
+            rank_one_update(x[lo:hi], et[lo:hi], g[lo:hi], h[lo:hi], b, 1.0)
+            trace_solve_scores(g[lo:hi], h[lo:hi], 1.0)
+
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1, user_api="blas"):
+            return rows * d * itemsize / _best(_parallel(pool, threads, step), 3, lambda: None)
+    finally:
+        torch.set_num_threads(saved)
+        if pool is not None:
+            pool.shutdown()
+
+
 def step_kind(r: int, rc: int) -> str:
     """The kind of greedy step a plan runs, for :func:`observe`'s factors: ``"rank1"`` (regression, binary),
     ``"full"`` (every class: ``rc == r``) or ``"classes"`` (top-c and sampled class approximations)."""
@@ -297,6 +372,7 @@ def clear_cache() -> None:
     with _LOCK:
         _CACHE.clear()
         _FACTORS.clear()
+        _RANK1.clear()
 
 
 def _best(fn: Callable[[], object], repeat: int, sync: Callable[[], None]) -> float:

@@ -25,7 +25,7 @@ import torch
 from selection.bait.approx import Prefilter, auto_classes, class_fisher_kept_many
 from selection.bait.engine import Mode
 from selection.bait.threads import resolve_threads
-from selection.calibrate import Rates, factor, machine_rates, small_flops, step_kind
+from selection.calibrate import Rates, factor, machine_rates, rank1_rate, small_flops, step_kind
 from selection.errors import MemoryBudgetError, ParameterError
 from selection.fisher import kron_sum, reduced_rank
 from selection.problem import Problem
@@ -251,7 +251,8 @@ def estimate_phases(
         # Rank one (regression, binary): a step is a GEMV over the candidates' rows and a few float64
         # vector passes, bound by reading X from memory, not by multiply-adds: the measured rank1 rate
         # (bytes of X per second of that very step; 10^6 x 64 float32: ~30 ms a step, one core busy).
-        per_step = n_cand * d * (torch.finfo(dtype).bits // 8) / rt.rank1_rate + step_mats + step_fixed
+        r1 = rt.rank1_rate if rates is not None else rank1_rate(device, dtype, n_threads, d)
+        per_step = n_cand * d * (torch.finfo(dtype).bits // 8) / r1 + step_mats + step_fixed
     per_step *= greedy_f
     fwd = n_forward * per_step
     bwd = 0.0

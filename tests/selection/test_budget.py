@@ -94,6 +94,7 @@ def test_a_small_budget_measures_less_and_a_later_call_completes_it_once(
 
 def test_observed_times_correct_the_phases(fresh_rates: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calibrate.TABLE[("cpu", F64)])
+    monkeypatch.setattr(calibrate, "OBSERVE_MIN_S", 1e-3)  # the factor's arithmetic on a small problem
     kw: dict[str, Any] = dict(
         n_rows=2000, n_cand=1800, d=16, r=99, rc=16, n_forward=10, n_backward=0, n_design=200,
         mode="fisher", device=CPU, dtype=F64, threads=2,
@@ -104,7 +105,7 @@ def test_observed_times_correct_the_phases(fresh_rates: Any, monkeypatch: pytest
     after = estimate_phases(**kw)
     assert after["setup"] == pytest.approx(2 * before["setup"])  # half-way in log: sqrt(4)
     assert after["forward"] == pytest.approx(before["forward"])
-    calibrate.observe(CPU, F64, 2, phase="greedy", estimated=before["forward"], measured=1e-3, kind=kind)  # too short
+    calibrate.observe(CPU, F64, 2, phase="greedy", estimated=before["forward"], measured=5e-4, kind=kind)  # too short
     assert estimate_phases(**kw)["forward"] == pytest.approx(before["forward"])
     monkeypatch.setenv("BAIT_RATES", "table")  # the table is never corrected
     calibrate.observe(CPU, F64, 2, phase="setup", estimated=1.0, measured=10.0, kind=kind)
@@ -115,6 +116,7 @@ def test_correction_factors_are_kept_per_step_kind(fresh_rates: Any, monkeypatch
     """A run of one kind of plan (here rank one, under-estimated 4x) corrects that kind only: the next
     all-classes and class-approximation plans keep their estimates."""
     monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calibrate.TABLE[("cpu", F64)])
+    monkeypatch.setattr(calibrate, "_rank1_measure", lambda *a, **k: calibrate.RANK1_TABLE_CPU)
     common: dict[str, Any] = dict(
         n_rows=2000, n_design=200, n_forward=10, n_backward=0, mode="fisher", device=CPU, dtype=F64, threads=2
     )  # fmt: skip
@@ -151,6 +153,34 @@ def test_rank_one_steps_are_costed_at_the_measured_rank_one_rate(fresh_rates: An
     assert fast == pytest.approx(pool_part, rel=0.05)
     assert slow == pytest.approx(fast + pool_part, rel=0.05)
     assert streamed == pytest.approx(fast, rel=0.05)
+
+
+def test_a_rank_one_plan_is_costed_at_the_rate_measured_at_its_dimension(fresh_rates: Any) -> None:
+    """The rank-one rate is measured per dimension (the GEMV's speed changes with d in no simple way), once per
+    process: a second plan at the same d measures nothing; short phases dominated by fixed costs (a 10^4-row
+    pool's 0.08 s greedy) do not move the correction factors."""
+    calls: list[int] = []
+
+    def fake(device: torch.device, dtype: torch.dtype, threads: int, d: int) -> float:
+        calls.append(d)
+        return 1e10 if d == 64 else 5e9
+
+    kw: dict[str, Any] = dict(
+        n_rows=10**6, n_cand=10**6, n_forward=100, n_backward=0, n_design=20, r=1, rc=1, mode="fisher",
+        device=CPU, dtype=torch.float32, threads=2,
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrate, "measure", lambda *a, **k: calibrate.TABLE[("cpu", torch.float32)])
+        mp.setattr(calibrate, "_rank1_measure", fake)
+        at64 = estimate_phases(d=64, **kw)["forward"]
+        at128 = estimate_phases(d=128, **kw)["forward"]
+        estimate_phases(d=64, **kw)
+        assert calls == [64, 128]
+        assert at64 == pytest.approx(100 * 10**6 * 64 * 4 / 1e10, rel=0.05)
+        assert at128 == pytest.approx(100 * 10**6 * 128 * 4 / 5e9, rel=0.05)
+        calibrate.observe(CPU, torch.float32, 2, phase="greedy", estimated=0.02, measured=0.08, kind="rank1")
+        assert calibrate.factors(CPU, torch.float32, 2) == {}
+        assert calibrate.OBSERVE_MIN_S >= 0.5
 
 
 def test_a_rank_one_step_gives_every_worker_thread_a_chunk() -> None:
