@@ -293,3 +293,27 @@ def test_the_exact_objectives_cost_is_timed_on_a_pilot_when_the_model_would_let_
     assert plan._objective_seconds(problem, 9, "fisher", within=float("inf")) == 50.0
     assert plan._objective_seconds(problem, 9, "identity", within=100.0) == 50.0
     assert timed == [plan.OBJECTIVE_PILOT_ROWS]
+
+
+def test_an_exact_plan_that_fits_pays_for_no_objective_estimate(
+    fresh_rates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact objective's estimate (and its pilot pass) matters only to approximate plans: a call whose exact
+    plan fits never computes it (it took 3.3 s of a 9.4 s k = 26 call); one that must approximate does."""
+    from selection.bait import plan
+
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calibrate.TABLE[("cpu", F64)])
+    asked: list[int] = []
+    real = plan._objective_seconds
+
+    def recording(problem: Any, *a: Any, **k: Any) -> float:
+        asked.append(problem.n)
+        return real(problem, *a, **k)
+
+    monkeypatch.setattr(plan, "_objective_seconds", recording)
+    x, p = _flat(1, 3000, 16, 6)
+    res = select("bait", embeddings=x, probs=p, labeled=np.arange(60), batch_size=10, time_budget_s=60.0)
+    assert res.diagnostics["approximation"]["kind"] == "exact" and asked == []
+    x, p = _flat(1, 3000, 64, 60)
+    res = select("bait", embeddings=x, probs=p, labeled=np.arange(120), batch_size=10, time_budget_s=2.0)
+    assert res.diagnostics["approximation"]["kind"] != "exact" and asked == [3000]
