@@ -14,7 +14,7 @@ import pytest
 
 from bench.experiments import auto_heldout
 from bench.experiments.common import read_results
-from selection.auto import WARM_ARMS, bandit, check_history
+from selection.auto import GAMMA, WARM_ARMS, bandit, check_history
 
 STRATEGIES = {"bait", "badge", "margin", "random", "auto"}
 SEEDS = 2
@@ -52,9 +52,10 @@ def test_auto_history_is_kept_as_a_library_caller_keeps_it(smoke: Path) -> None:
     for seed in range(SEEDS):
         run = log.run((cfg, "auto", seed))
         assert [r["round"] for r in run] == list(range(ROUNDS + 1))
-        # round 1's bandit saw one round (no reward yet: uniform); round 2's saw a validation gain
-        q1 = run[1]["auto"]["probabilities"]
-        assert max(q1.values()) == pytest.approx(min(q1.values()))
+        # round 1's bandit saw one round (no reward yet: the prior's start); round 2's saw a validation gain
+        start, _ = bandit([], WARM_ARMS["classification"], GAMMA, "classification")
+        assert run[1]["auto"]["probabilities"] == pytest.approx(start)
+        assert start["bait"] > max(v for a, v in start.items() if a != "bait")
         # the history the hook builds is valid for the library and carries labels, validation and n_labels
         setting, X_val, y_val, stop_rows = auto_heldout.make_setting(cfg, auto_heldout.SMOKE, 1e-2)
         hook = auto_heldout.AutoHook(setting, X_val, y_val, stop_rows, log)
@@ -67,8 +68,8 @@ def test_auto_history_is_kept_as_a_library_caller_keeps_it(smoke: Path) -> None:
             lab == int(setting.split.y_pool[p]) for r in rounds for p, lab in zip(r.picks, r.labels, strict=True)
         )
         # round 2's recorded distribution is the bandit's after that history: one validation reward (the gain
-        # from round 0's head to round 1's), not the uniform start of an empty history
-        q, ev = bandit(rounds, WARM_ARMS["classification"], 0.2, "classification")
+        # from round 0's head to round 1's), not the start of an empty history
+        q, ev = bandit(rounds, WARM_ARMS["classification"], GAMMA, "classification")  # auto's defaults
         assert ev.mode == "validation" and len(ev.rewards) == 1
         assert run[2]["auto"]["probabilities"] == pytest.approx(q)
 
