@@ -45,7 +45,11 @@ if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
     pytest.skip("no Debian chromium + chromium-driver here (CI installs them)", allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -187,6 +191,11 @@ def _request_batch(driver: Any, strategy: str, size: int) -> list[str]:
     return seen
 
 
+#: What Chromium 156 answers, instead of a stale-element error, when the element was replaced between finding it
+#: and reading it (an htmx swap): the page is changing under us, as with a stale element.
+_REPLACED = "does not belong to the document"
+
+
 def _attr(driver: Any, element_id: str, name: str) -> str | None:
     """An attribute of an element, or None while the page is changing under us."""
     try:
@@ -194,6 +203,10 @@ def _attr(driver: Any, element_id: str, name: str) -> str | None:
         return value
     except (NoSuchElementException, StaleElementReferenceException):
         return None
+    except WebDriverException as exc:
+        if _REPLACED in str(exc):
+            return None
+        raise
 
 
 def _curve_points(driver: Any) -> int:
