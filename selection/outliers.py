@@ -46,6 +46,22 @@ RULE = (
 )
 
 
+def _summary(
+    c: float, threshold: float, median: float, mad: float, n_sample: int, n_checked: Any, n_flagged: Any
+) -> dict[str, Any]:
+    """The JSON summary of a check: the rule's numbers and how many rows were checked and flagged."""
+    return {
+        "rule": RULE,
+        "c": c,
+        "threshold": threshold,
+        "median_distance": median,
+        "mad_distance": mad,
+        "n_sample": n_sample,
+        "n_checked": int(n_checked),
+        "n_flagged": int(n_flagged),
+    }
+
+
 @dataclass(frozen=True)
 class OutlierReport:
     """What :func:`robust_outliers` found.
@@ -78,16 +94,9 @@ class OutlierReport:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly summary (the rule's numbers and how many rows were checked and flagged)."""
-        return {
-            "rule": RULE,
-            "c": self.c,
-            "threshold": self.threshold,
-            "median_distance": self.median,
-            "mad_distance": self.mad,
-            "n_sample": self.n_sample,
-            "n_checked": int(self.rows.shape[0]),
-            "n_flagged": int(self.flagged.sum()),
-        }
+        return _summary(
+            self.c, self.threshold, self.median, self.mad, self.n_sample, self.rows.shape[0], self.flagged.sum()
+        )
 
 
 def _as_tensor(X: Any) -> torch.Tensor:
@@ -162,16 +171,7 @@ class OutlierStats:
 
     def summary(self, n_checked: int, n_flagged: int) -> dict[str, Any]:
         """The rule's numbers as :meth:`OutlierReport.as_dict` writes them."""
-        return {
-            "rule": RULE,
-            "c": self.c,
-            "threshold": self.threshold,
-            "median_distance": self.median,
-            "mad_distance": self.mad,
-            "n_sample": self.n_sample,
-            "n_checked": int(n_checked),
-            "n_flagged": int(n_flagged),
-        }
+        return _summary(self.c, self.threshold, self.median, self.mad, self.n_sample, n_checked, n_flagged)
 
     def flagged(self, distances: np.ndarray) -> np.ndarray:
         """Where ``distances`` (of :func:`row_distances`) are above the cut (never when every dimension of the

@@ -224,30 +224,19 @@ def _prepare_outliers(
     lost_after_s = float(settings.dask_connect_timeout_seconds)
     t = time.perf_counter()
     tracker.stage("outliers", 0, 0)
-    sampled = distributed.rerun_when_inputs_lost(
-        partial(
-            distributed_outliers.pool_stats,
-            client,
-            manifest,
-            spec.seed,
-            check=tracker.check,
-            progress=tracker.callback,
-            lost_after_s=lost_after_s,
-        )
-    )
-    out = _Outliers(exclude=exclude, stats=sampled.stats, passes={"sample": sampled.diagnostics})
-    if exclude:
-        out.flagged = distributed.rerun_when_inputs_lost(
+
+    def cluster_pass(fn: Any, arg: Any) -> Any:
+        """One outlier pass over the store's shards, rerun when the cluster lost its inputs."""
+        return distributed.rerun_when_inputs_lost(
             partial(
-                distributed_outliers.flag_pool,
-                client,
-                manifest,
-                sampled.stats,
-                check=tracker.check,
-                progress=tracker.callback,
-                lost_after_s=lost_after_s,
+                fn, client, manifest, arg, check=tracker.check, progress=tracker.callback, lost_after_s=lost_after_s
             )
         )
+
+    sampled = cluster_pass(distributed_outliers.pool_stats, spec.seed)
+    out = _Outliers(exclude=exclude, stats=sampled.stats, passes={"sample": sampled.diagnostics})
+    if exclude:
+        out.flagged = cluster_pass(distributed_outliers.flag_pool, sampled.stats)
         out.passes["flag"] = out.flagged.diagnostics
     timings["outliers"] = time.perf_counter() - t
     return out
