@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,14 +134,6 @@ def start_cluster(
             cluster.stop(p, signal.SIGKILL)
         raise
     return cluster
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path)
-    yield c
-    for p in [*c.workers, c.scheduler]:
-        c.stop(p, signal.SIGKILL)
 
 
 def _settings(settings: Settings, store: Path, **extra: Any) -> Settings:

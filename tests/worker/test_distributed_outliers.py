@@ -6,13 +6,10 @@ the shards and never picked."""
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from distributed import Client
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,16 +19,8 @@ from service.config import Settings
 from service.main import create_app
 from tests.service.test_auto_outliers import corrupt
 from tests.worker.factories import make_pool
-from tests.worker.test_distributed import Cluster, _settings, _wait, start_cluster
+from tests.worker.test_distributed import Cluster, _settings, _wait
 from worker import distributed_outliers, pool_store
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path)
-    yield c
-    for p in [*c.workers, c.scheduler]:
-        c.stop(p, signal.SIGKILL)
 
 
 def test_the_cluster_passes_read_the_single_process_sample_and_flag_its_rows(cluster: Cluster, tmp_path: Path) -> None:
