@@ -33,9 +33,10 @@ published, or superseded, less than :data:`PRUNE_GRACE_S` ago (a selection or a 
 file is removed only when no kept manifest references it and it was referenced by a removed manifest or is older
 than :data:`STALE_S` (a crashed writer's leftovers).
 
-The rows come from the worker's own reader (:func:`worker.pool_data.load_pool`, through the worker cache when
-there is one), so the store holds exactly what a single-process batch would select from. The database stays the
-source of truth for ids, labels, splits, reservations and status.
+The rows are read from the database as the writer needs them (:class:`DatabaseRows`: the selectable rows, as the
+single-process reader :func:`worker.pool_data.load_pool` defines them), one shard at a time, so a pool larger than
+the writer's memory is written shard by shard, and the store holds exactly what a single-process batch would select
+from. The database stays the source of truth for ids, labels, splits, reservations and status.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from service.db import make_engine, make_sessionmaker, session_scope
 from service.store import content as content_store
 from service.store.models import Pool
 from worker import context, pool_cache
-from worker.pool_data import load_pool
+from worker.pool_data import PoolDataError
 
 log = logging.getLogger(__name__)
 
@@ -662,19 +663,107 @@ def _split_large(planned: list[Planned], item_ids: np.ndarray, shard_rows: int) 
 # --------------------------------------------------------------------------------------------- writing
 
 
-def _table(item_ids: np.ndarray, external_ids: Sequence[str], X: np.ndarray, rows: np.ndarray | slice) -> pa.Table:
+def _table(ids: np.ndarray, external_ids: Sequence[str], X: np.ndarray) -> pa.Table:
     d = int(X.shape[1])
-    ids = np.asarray(item_ids[rows], dtype=np.int64)
-    exts = list(external_ids[rows]) if isinstance(rows, slice) else [external_ids[int(i)] for i in rows]
-    block = np.ascontiguousarray(X[rows], dtype=np.float32)  # m x d
+    block = np.ascontiguousarray(X, dtype=np.float32)  # m x d
     return pa.table(
         {
-            "item_id": pa.array(ids),
-            "external_id": pa.array(exts, type=pa.string()),
+            "item_id": pa.array(np.asarray(ids, dtype=np.int64)),
+            "external_id": pa.array(list(external_ids), type=pa.string()),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), d),
         },
         schema=schema(d),
     )
+
+
+class PoolMoved(RuntimeError):
+    """The pool's rows changed while a version was being written (nothing was published; write it again)."""
+
+
+class Rows:
+    """The rows of the version being written: ``item_ids`` (ascending), and the rows the plan needs, read on demand.
+
+    :func:`_write` asks for contiguous runs of rows (a fresh shard) and for scattered rows (a delta's upserts);
+    :meth:`unchanged` is asked last, before the manifest is published.
+    """
+
+    item_ids: np.ndarray
+    d: int
+
+    def block(self, a: int, b: int) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        """Ids, external ids and embeddings of rows ``a:b``."""
+        raise NotImplementedError
+
+    def take(self, positions: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        """Ids, external ids and embeddings of the rows at ``positions`` (ascending)."""
+        raise NotImplementedError
+
+    def unchanged(self) -> bool:
+        """Whether the rows handed out are still the version's (checked before publishing)."""
+        return True
+
+
+class ArrayRows(Rows):
+    """Rows held in memory: ``n x d`` float32 ``X`` beside ascending ``item_ids``."""
+
+    def __init__(self, item_ids: np.ndarray, external_ids: Sequence[str], X: np.ndarray) -> None:
+        self.item_ids = np.asarray(item_ids, dtype=np.int64)
+        self.external_ids = external_ids
+        self.X = X
+        self.d = int(X.shape[1])
+
+    def block(self, a: int, b: int) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        return self.item_ids[a:b], list(self.external_ids[a:b]), self.X[a:b]
+
+    def take(self, positions: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        return self.item_ids[positions], [self.external_ids[int(i)] for i in positions], self.X[positions]
+
+
+class DatabaseRows(Rows):
+    """A pool's selectable rows read from the database as the writer needs them, never the whole pool at once.
+
+    The ids are read first (``8 n`` bytes); a fresh shard reads its id range, a delta its upserted ids. Every read
+    is checked against the ids read first, and the pool's content version is read again before publishing: the
+    version is published only when no change committed while it was read (content versions move with every change
+    to a selectable row), so its rows are the database's at that version. Otherwise :class:`PoolMoved`.
+    """
+
+    def __init__(self, session: Session, pool_id: str, version: int, d: int) -> None:
+        self.session = session
+        self.pool_id = pool_id
+        self.version = int(version)
+        self.d = int(d)
+        parts = [
+            np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            for rows in content_store.selectable_ids(session, pool_id)
+        ]
+        self.item_ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def _decode(self, rows: Sequence[Any], expected: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        if ids.shape != expected.shape or not np.array_equal(ids, expected):
+            raise PoolMoved(f"pool {self.pool_id}: its rows changed while version {self.version} was written")
+        blobs = [r[2] for r in rows]
+        for r, blob in zip(rows, blobs, strict=True):
+            if blob is None or len(blob) != 4 * self.d:
+                got = "no stored embedding" if blob is None else f"an embedding of {len(blob) // 4} values"
+                raise PoolDataError(f"item {r[1]!r} has {got}, expected {self.d}")
+        X = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(rows), self.d)
+        return ids, [str(r[1]) for r in rows], X
+
+    def block(self, a: int, b: int) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        expected = self.item_ids[a:b]
+        rows: list[Any] = []
+        for part in content_store.selectable_rows(self.session, self.pool_id, int(expected[0]), int(expected[-1])):
+            rows.extend(part)
+        return self._decode(rows, expected)
+
+    def take(self, positions: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        expected = self.item_ids[positions]
+        return self._decode(content_store.selectable_by_id(self.session, self.pool_id, expected.tolist()), expected)
+
+    def unchanged(self) -> bool:
+        return content_store.content_version(self.session, self.pool_id) == self.version
 
 
 def schema(d: int) -> pa.Schema:
@@ -726,20 +815,40 @@ def write_version(
     writer published the same version first, its copy is kept and returned. Older versions are pruned afterwards
     (:func:`prune`; ``newest``: the database's content version, when known).
     """
+    return write_rows(
+        root, pool_id, version, ArrayRows(item_ids, external_ids, X), shard_rows, progress, changes, newest
+    )
+
+
+def write_rows(
+    root: str | Path,
+    pool_id: str,
+    version: int,
+    source: Rows,
+    shard_rows: int,
+    progress: Progress | None = None,
+    changes: Changes | None = None,
+    newest: int | None = None,
+) -> Manifest:
+    """:func:`write_version` with the rows read from ``source`` as the plan needs them.
+
+    Raises:
+        PoolMoved: ``source`` changed while the version was written (nothing was published).
+    """
     fs = files(root)
-    d = int(X.shape[1])
+    d = source.d
     base = None
     if changes is not None:
         base = _load_meta(fs, pool_id, changes.base_version)
         if base is not None and int(base["d"]) != d:
             base = None
     ids = np.unique(np.asarray(changes.ids if changes is not None else [], dtype=np.int64))
-    meta = _write(fs, pool_id, version, item_ids, external_ids, X, shard_rows, progress, ids, base)
+    meta = _write(fs, pool_id, version, source, shard_rows, progress, ids, base)
     prune(root, pool_id, newest=None if newest is None else max(int(newest), int(version)))  # never this one
     if meta is not None and not all(fs.exists([f"{pool_id}/{r}" for r in sorted(_referenced(meta))])):
         # a concurrent pruner removed a file this version shares (its writer took longer than PRUNE_GRACE_S)
         log.warning("pool store: pool %s version %d lost a shared file; writing it in full", pool_id, version)
-        _write(fs, pool_id, version, item_ids, external_ids, X, shard_rows, progress, ids, None, True)
+        _write(fs, pool_id, version, source, shard_rows, progress, ids, None, True)
     published = read_manifest(root, pool_id, version)
     if published is None:
         raise StoreError(f"pool store version {display(fs.location(_manifest_rel(pool_id, version)))} vanished")
@@ -750,9 +859,7 @@ def _write(
     fs: Files,
     pool_id: str,
     version: int,
-    item_ids: np.ndarray,
-    external_ids: Sequence[str],
-    X: np.ndarray,
+    source: Rows,
     shard_rows: int,
     progress: Progress | None,
     changed: np.ndarray,
@@ -761,7 +868,8 @@ def _write(
 ) -> dict[str, Any] | None:
     """Write the files of a version and publish its manifest; the manifest, or None when one was there."""
     pool = _pool_rel(pool_id)
-    n = int(X.shape[0])
+    item_ids = source.item_ids
+    n = int(item_ids.shape[0])
     previous = list(base["shards"]) if base is not None else []
     planned = plan(previous, np.asarray(item_ids), changed, shard_rows, lambda rel: fs.read_ids(f"{pool}/{rel}"))
     folder = f"d-v{int(version)}-{uuid.uuid4().hex[:12]}"
@@ -796,17 +904,13 @@ def _write(
                     written["deleted_ids"] += int(p.deleted.shape[0])
                     size += extra
                 if p.upserts is not None and p.upserts.size:
-                    entry["upserts"], extra = put(
-                        f"up-{index:05d}.parquet", _table(item_ids, external_ids, X, p.upserts)
-                    )
+                    entry["upserts"], extra = put(f"up-{index:05d}.parquet", _table(*source.take(p.upserts)))
                     written["rows"] += int(p.upserts.shape[0])
                     size += extra
                 entry["bytes"] = size
                 written["shards_shared"] += 1
             else:
-                entry["path"], size = put(
-                    f"part-{index:05d}.parquet", _table(item_ids, external_ids, X, slice(p.a, p.b))
-                )
+                entry["path"], size = put(f"part-{index:05d}.parquet", _table(*source.block(p.a, p.b)))
                 entry.update(bytes=size, base_bytes=size, deleted=None, upserts=None)
                 written["rows"] += p.rows
             entries.append(entry)
@@ -819,7 +923,7 @@ def _write(
             "format": FORMAT,
             "pool_id": pool_id,
             "version": int(version),
-            "d": int(X.shape[1]),
+            "d": source.d,
             "rows": n,
             "base_version": None if base is None else int(base["version"]),
             "written": written,
@@ -827,6 +931,8 @@ def _write(
             "created_at": datetime.now(UTC).isoformat(),
         }
         rel = _manifest_rel(pool_id, version)
+        if not source.unchanged():
+            raise PoolMoved(f"pool {pool_id}: its rows changed while version {version} was written")
         if not replace_published and _load_meta(fs, pool_id, version) is not None:
             fs.delete_tree(f"{pool}/{folder}")  # another writer published this version first: keep its copy
             return None
@@ -963,64 +1069,66 @@ def drop_deleted_pool(pool_id: str) -> None:
 # --------------------------------------------------------------------------------------------- the service's side
 
 
+WRITE_ATTEMPTS = 4  # writes of one version that found the pool changed under them before giving up
+
+
 def ensure_version(
     session: Session, settings: Any, pool: Pool, progress: Progress | None = None
 ) -> tuple[Manifest, str]:
     """The store's copy of the pool at its current content version, written first when missing.
 
-    The rows are read with the worker's reader (:func:`worker.pool_data.load_pool`, from the worker cache when
-    it has the pool); the ids that changed since the newest published version come from the database, so only
-    new and changed rows are written (:func:`write_version`). Returns the manifest and how it was served: ``hit``
-    (already there) or ``written``.
+    The rows are read from the database as the writer needs them (:class:`DatabaseRows`: the ids, then each fresh
+    shard's id range and each delta's upserted ids), never the whole pool at once, so a pool far larger than the
+    process's memory is written shard by shard; the ids that changed since the newest published version come from
+    the database, so only new and changed rows are read and written (:func:`write_rows`). When rows change while
+    the version is written, nothing is published and the then-current version is written instead (at most
+    :data:`WRITE_ATTEMPTS` times). Returns the manifest and how it was served: ``hit`` (already there) or
+    ``written``.
 
     Raises:
         LookupError: the pool is gone.
         worker.pool_data.PoolDataError: a selectable row without a valid embedding.
+        StoreError: the pool changed under every attempt.
     """
     root = store_root(settings)
     fs = files(root)
-    version = content_store.content_version(session, pool.id)
-    if version is None:
-        raise LookupError(f"pool {pool.id} does not exist")
-    current = version
-    found = read_manifest(root, pool.id, version)
-    if found is not None and found.d == int(pool.embedding_dim):
-        return found, "hit"
-    cache = pool_cache.for_settings(settings)
-    data = load_pool(session, pool, datetime.now(UTC), progress=progress, cache=cache)
-    # The cache reports the version its rows reflect; read uncached, the rows are the version read above (or
-    # newer, when items arrived meanwhile: the next batch then writes that version).
-    version = int(data.cache.get("version", version))
-    changes = None
-    base = _base_meta(fs, pool.id, version, int(pool.embedding_dim))
-    if base is not None:
-        # Read after the rows: every change the rows reflect is among these (a superset is fine).
-        top = max((int(s["hi"]) for s in base["shards"]), default=None)
-        ids = content_store.changed_ids(session, pool.id, int(base["version"]), top)
-        changes = Changes(int(base["version"]), np.asarray(ids, dtype=np.int64))
-    manifest = write_version(
-        root,
-        pool.id,
-        version,
-        np.asarray(data.item_ids),
-        data.external_ids,
-        data.X,
-        int(settings.pool_store_shard_rows),
-        progress,
-        changes,
-        newest=current,
+    d = int(pool.embedding_dim)
+    for _attempt in range(WRITE_ATTEMPTS):
+        version = content_store.content_version(session, pool.id)
+        if version is None:
+            raise LookupError(f"pool {pool.id} does not exist")
+        found = read_manifest(root, pool.id, version)
+        if found is not None and found.d == d:
+            return found, "hit"
+        source = DatabaseRows(session, pool.id, version, d)
+        changes = None
+        base = _base_meta(fs, pool.id, version, d)
+        if base is not None:
+            top = max((int(s["hi"]) for s in base["shards"]), default=None)
+            ids = content_store.changed_ids(session, pool.id, int(base["version"]), top)
+            changes = Changes(int(base["version"]), np.asarray(ids, dtype=np.int64))
+        try:
+            manifest = write_rows(
+                root, pool.id, version, source, int(settings.pool_store_shard_rows), progress, changes, newest=version
+            )
+        except PoolMoved as exc:
+            log.info("pool store: %s; writing the new version", exc)
+            continue
+        log.info(
+            "pool store: pool %s version %d written from %s (%d rows, %d shards; %d rows and %d deleted ids written)",
+            pool.id,
+            version,
+            "scratch" if manifest.base_version is None else f"version {manifest.base_version}",
+            manifest.rows,
+            len(manifest.shards),
+            manifest.written.get("rows", 0),
+            manifest.written.get("deleted_ids", 0),
+        )
+        return manifest, "written"
+    raise StoreError(
+        f"pool {pool.id} changed while each of {WRITE_ATTEMPTS} store versions was written; try again when its "
+        "uploads have settled"
     )
-    log.info(
-        "pool store: pool %s version %d written from %s (%d rows, %d shards; %d rows and %d deleted ids written)",
-        pool.id,
-        version,
-        "scratch" if manifest.base_version is None else f"version {manifest.base_version}",
-        data.n,
-        len(manifest.shards),
-        manifest.written.get("rows", 0),
-        manifest.written.get("deleted_ids", 0),
-    )
-    return manifest, "written"
 
 
 def migrate_all(settings: Any, pool_ids: Sequence[str] | None = None, progress_bars: bool = True) -> list[str]:

@@ -26,10 +26,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from bait import cli
 from service.config import Settings
 from service.db import session_scope
+from service.store import content as content_store
 from service.store.models import Item, Pool
 from tests.worker.factories import make_pool
 from worker import pool_store
-from worker.pool_data import PoolArrays, load_pool
+from worker.pool_data import PoolArrays, PoolDataError, load_pool
 
 
 @pytest.fixture
@@ -157,6 +158,115 @@ def test_an_append_writes_only_the_new_rows(
     assert second.written["bytes"] < first.written["bytes"] / 5
     assert_store_is(second, _fresh(db, data.pool_id))
     assert before <= _files(root)  # nothing of version 1 was removed (the newest two are kept)
+
+
+class _ReadCounter:
+    """Counts the rows the store's writer reads from the database, per query (the real queries run)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.per_query: list[int] = []
+        self.ids_read = 0
+        real_rows, real_by_id, real_ids = (
+            content_store.selectable_rows, content_store.selectable_by_id, content_store.selectable_ids,
+        )  # fmt: skip
+
+        def rows(*args: Any, **kwargs: Any) -> Any:
+            got = [r for part in real_rows(*args, **kwargs) for r in part]
+            self.per_query.append(len(got))
+            yield got
+
+        def by_id(*args: Any, **kwargs: Any) -> Any:
+            got = real_by_id(*args, **kwargs)
+            self.per_query.append(len(got))
+            return got
+
+        def ids(*args: Any, **kwargs: Any) -> Any:
+            for part in real_ids(*args, **kwargs):
+                self.ids_read += len(part)
+                yield part
+
+        monkeypatch.setattr(content_store, "selectable_rows", rows)
+        monkeypatch.setattr(content_store, "selectable_by_id", by_id)
+        monkeypatch.setattr(content_store, "selectable_ids", ids)
+
+
+def test_the_writer_reads_a_shard_at_a_time_and_an_append_reads_only_the_new_rows(
+    db: sessionmaker[Session], store_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer never holds the pool: a full version reads one shard's rows per query; the next version, after
+    an append and a rewrite, reads the appended and rewritten rows only (and every id, 8 bytes a row)."""
+    data = make_pool(db, n=70, d=5, n_labeled=7)
+    reads = _ReadCounter(monkeypatch)
+    first, _ = _ensure(db, store_settings, data.pool_id)
+    assert reads.per_query == [16, 16, 16, 16, 6] and reads.ids_read == 70
+    reads.per_query.clear()
+    _add(db, data.pool_id, [f"new-{i}" for i in range(5)], d=5, seed=1)
+    with session_scope(db) as s:
+        one = s.scalars(select(Item).where(Item.pool_id == data.pool_id).order_by(Item.id).limit(1)).one()
+        one.embedding = np.full(5, 3.0, np.float32).tobytes()
+    second, how = _ensure(db, store_settings, data.pool_id)
+    assert how == "written" and second.base_version == first.version
+    assert sorted(reads.per_query) == [1, 5]  # the rewritten row (a delta), the new rows (a fresh shard)
+    assert_store_is(second, _fresh(db, data.pool_id))
+
+
+def test_rows_that_change_while_a_version_is_written_are_never_published_mixed(
+    db: sessionmaker[Session], store_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload that commits while the writer reads: the version the writer started is not published with rows
+    of two states; the writer starts again and publishes the new version, equal to the reader's rows."""
+    data = make_pool(db, n=40, d=5, n_labeled=0)
+    real_block = pool_store.DatabaseRows.block
+    calls = {"n": 0}
+
+    def block_then_upload(self: pool_store.DatabaseRows, a: int, b: int) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # mid-version, another writer commits a rewrite of a row already read and an append
+            with session_scope(db) as s:
+                first = s.scalars(select(Item).where(Item.pool_id == data.pool_id).order_by(Item.id).limit(1)).one()
+                first.embedding = np.full(5, 7.0, np.float32).tobytes()
+            _add(db, data.pool_id, ["late-0", "late-1"], d=5, seed=3)
+        return real_block(self, a, b)
+
+    monkeypatch.setattr(pool_store.DatabaseRows, "block", block_then_upload)
+    with session_scope(db) as s:
+        started = content_store.content_version(s, data.pool_id)
+    manifest, how = _ensure(db, store_settings, data.pool_id)
+    assert how == "written" and manifest.version != started and manifest.rows == 42
+    assert pool_store.read_manifest(pool_store.store_root(store_settings), data.pool_id, int(started or 0)) is None
+    fresh = _fresh(db, data.pool_id)
+    assert_store_is(manifest, fresh)
+    assert np.array_equal(fresh.X[0], np.full(5, 7.0, np.float32))
+
+
+def test_a_pool_that_never_settles_fails_with_a_message_and_publishes_nothing(
+    db: sessionmaker[Session], store_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = make_pool(db, n=20, d=5, n_labeled=0)
+    counter = {"n": 0}
+    real_block = pool_store.DatabaseRows.block
+
+    def always_moving(self: pool_store.DatabaseRows, a: int, b: int) -> Any:
+        counter["n"] += 1
+        _add(db, data.pool_id, [f"busy-{counter['n']}"], d=5, seed=counter["n"])
+        return real_block(self, a, b)
+
+    monkeypatch.setattr(pool_store.DatabaseRows, "block", always_moving)
+    with pytest.raises(pool_store.StoreError, match="changed while each of 4 store versions was written"):
+        _ensure(db, store_settings, data.pool_id)
+    root = Path(pool_store.store_root(store_settings)) / data.pool_id
+    assert not list(root.glob("v*.json")) and not list(root.rglob("*.parquet"))
+
+
+def test_a_row_without_a_valid_embedding_is_named_and_nothing_is_published(
+    db: sessionmaker[Session], store_settings: Settings
+) -> None:
+    data = make_pool(db, n=20, d=5, n_labeled=0)
+    _add(db, data.pool_id, ["short-one"], d=4, seed=1)  # 4 values in a pool of 5
+    with pytest.raises(PoolDataError, match="'short-one' has an embedding of 4 values, expected 5"):
+        _ensure(db, store_settings, data.pool_id)
+    root = Path(pool_store.store_root(store_settings)) / data.pool_id
+    assert not list(root.glob("v*.json")) and not list(root.rglob("*.parquet"))
 
 
 def test_deletes_and_rewrites_leave_a_delta_that_readers_apply(
