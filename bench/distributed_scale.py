@@ -21,12 +21,22 @@ temporary folder and removed.
     python bench/distributed_scale.py --n 1000000 --workers 2,1
     python bench/distributed_scale.py --n 1000000 --prefilter-top 20000   # score-only pre-filter: same picks
     python bench/distributed_scale.py --smoke              # 3,000 x 16, k = 10, B = 10: checks the script runs
+
+At 10^7 rows the pool does not fit a single process, and not the upload either: ``--via import`` writes the pool as
+Parquet files in the temporary folder (a shard of rows at a time) and registers them by reference
+(``POST .../items:import``: its seconds, rows/s and the api's peak memory are a row of their own), ``--no-local``
+leaves out the single-process batch (the cluster rows are then compared with the first cluster row's picks) and
+``--drop-source`` removes the Parquet files once imported (the disk then holds the database and the store only):
+
+    python bench/distributed_scale.py --n 10000000 --d 256 --via import --no-local --drop-source --workers 2,1
+    python bench/distributed_scale.py --n 10000000 --d 768 --via import --no-local --drop-source --workers 2
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +55,7 @@ from bench.service_harness import (  # noqa: E402
     BenchContext,
     Row,
     api_server,
+    create_pool,
     machine,
     mint_key,
     print_table,
@@ -126,6 +137,73 @@ class Cluster:
                 proc.wait(10)
 
 
+def write_source(folder: Path, n: int, d: int, k: int, labeled: int, file_rows: int) -> tuple[list[str], list[str]]:
+    """``n`` x ``d`` float32 Gaussian rows as Parquet files of ``file_rows`` rows under ``folder`` (written a file at a
+    time: memory stays at one file's rows), ids ``b-00000000``...; the first ``labeled`` rows' classes by a planted
+    linear rule. Returns those rows' ids and labels."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    W = np.random.default_rng(1).standard_normal((d, k)).astype(np.float32)
+    ids: list[str] = []
+    labels: list[str] = []
+    for index, start in enumerate(range(0, n, file_rows)):
+        m = min(file_rows, n - start)
+        X = np.random.default_rng([2, index]).standard_normal((m, d), dtype=np.float32)
+        names = [f"b-{i:08d}" for i in range(start, start + m)]
+        if start < labeled:
+            take = min(labeled - start, m)
+            ids.extend(names[:take])
+            labels.extend(f"c{int(c)}" for c in (X[:take] @ W).argmax(axis=1))
+        table = pa.table(
+            {"id": pa.array(names), "embedding": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), d)}
+        )
+        pq.write_table(table, folder / f"part-{index:05d}.parquet", compression="none")
+    return ids, labels
+
+
+def import_pool(
+    ctx: BenchContext, name: str, source: Path, ids: list[str], labels: list[str], api_pid: int | None
+) -> tuple[str, Row, float | None]:
+    """A pool filled by ``POST .../items:import`` of ``source`` (under the tenant's data folder), then labeled:
+    its id, the import's row (seconds from POST to succeeded, rows/s) and the api process's peak memory after it."""
+    pool = create_pool(ctx, name)
+    t0 = time.perf_counter()
+    resp = ctx.client.post(
+        f"/v1/pools/{pool}/items:import", json={"source": source.resolve().as_uri()}, headers=ctx.auth
+    )
+    if resp.status_code != 202:
+        raise RuntimeError(f"POST items:import: {resp.status_code} {resp.text[:500]}")
+    url = resp.headers["Location"]
+    stage = ""
+    while True:
+        job: dict[str, Any] = ctx.client.get(url, headers=ctx.auth).json()
+        progress = job.get("progress") or {}
+        if progress.get("stage") != stage:
+            stage = str(progress.get("stage"))
+            print(f"  import: {stage} at {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        if job["status"] in ("succeeded", "failed"):
+            break
+        time.sleep(1.0)
+    seconds = time.perf_counter() - t0
+    if job["status"] != "succeeded":
+        raise RuntimeError(f"import {job['status']}: {job.get('error')}")
+    peak = peak_rss_mb(api_pid) if api_pid is not None else None
+    rows = int(job.get("rows_imported") or 0)
+    for begin in range(0, len(ids), 5000):
+        chunk = [
+            {"item_id": i, "label": c}
+            for i, c in zip(ids[begin : begin + 5000], labels[begin : begin + 5000], strict=True)
+        ]
+        put = ctx.client.put(f"/v1/pools/{pool}/labels", json={"labels": chunk}, headers=ctx.auth)
+        if put.status_code != 200:
+            raise RuntimeError(f"PUT labels: {put.status_code} {put.text[:500]}")
+    note = f"{job.get('counts')}; api peak RSS after it {peak:,.0f} MB" if peak else str(job.get("counts"))
+    return pool, Row("import by reference (items:import)", rows, seconds, note=note), peak
+
+
 def peak_rss_mb(pid: int) -> float | None:
     """The process's peak resident set (``VmHWM``) in MB, or None once it has exited."""
     try:
@@ -199,10 +277,15 @@ def main(argv: list[str] | None = None) -> int:
         help="both paths pre-filter to this many candidates by score, with no random stratum (whose draw differs "
         "between the paths); 0: the default plan",
     )
+    ap.add_argument("--via", choices=("upload", "import"), default="upload", help="how the pool is filled")
+    ap.add_argument("--file-rows", type=int, default=250_000, help="rows per Parquet file with --via import")
+    ap.add_argument("--no-local", action="store_true", help="leave out the single-process batch")
+    ap.add_argument("--drop-source", action="store_true", help="remove the imported Parquet files once imported")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.d, args.size, args.labeled, args.shard_rows = 3000, 16, 10, 300, 700
+        args.file_rows = 1000
     params: dict[str, Any] = {"seed": args.seed}
     if args.prefilter_top:
         params["prefilter"] = {"top": args.prefilter_top, "random": 0}
@@ -214,31 +297,53 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in machine().items():
         print(f"  {key:22} {value}")
     print(f"  {'batch params':22} {params}")
+    print(f"  {'pool':22} filled by {args.via}, {args.labeled:,} labeled; store shards of {args.shard_rows:,} rows")
     print(f"  {'cluster':22} 1 scheduler + {counts[0]} worker(s), 1 thread, --memory-limit {args.memory_limit} each")
     print()
     rows: list[Row] = []
     peaks: dict[str, float | None] = {}
+    passes: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="bait-dist-bench-") as tmp, scratch_database(None) as (url, description):
         folder = Path(tmp)
         key = mint_key(url)
         auth = {"Authorization": f"Bearer {key}"}
-        os.environ.update(BAIT_POOL_STORE=str(folder / "store"), BAIT_POOL_STORE_SHARD_ROWS=str(args.shard_rows))
+        os.environ.update(
+            BAIT_POOL_STORE=str(folder / "store"),
+            BAIT_POOL_STORE_SHARD_ROWS=str(args.shard_rows),
+            BAIT_DATA_ROOT=str(folder / "data"),
+        )
         os.environ.pop("BAIT_DASK_SCHEDULER", None)
+        local: dict[str, Any] | None = None
         with api_server(url) as base, httpx.Client(base_url=base, timeout=3600) as client:
             ctx = BenchContext(client, auth, args.n, args.d, args.smoke, description)
             warm_up(ctx)
-            pool = labeled_pool(ctx, args.n, args.d, 10, args.labeled, name="dist")
-            seconds, local = timed_bait(ctx, pool, args.size, params)
-            rows.append(Row("local (single process)", args.n, seconds, note=stage_note(local, None)))
+            if args.via == "import":
+                source = folder / "data" / "bench" / "pool"
+                t0 = time.perf_counter()
+                ids, labels = write_source(source, args.n, args.d, 10, args.labeled, args.file_rows)
+                print(f"  source written in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+                api = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in " ".join(p.cmdline())]
+                pool, row, peak = import_pool(ctx, "dist", source, ids, labels, api[0] if api else None)
+                rows.append(row)
+                peaks["api + import job (after the import)"] = peak
+                if args.drop_source:
+                    shutil.rmtree(source)
+            else:
+                ctx.d = args.d
+                pool = labeled_pool(ctx, args.n, args.d, 10, args.labeled, name="dist")
+            if not args.no_local:
+                seconds, local = timed_bait(ctx, pool, args.size, params)
+                rows.append(Row("local (single process)", args.n, seconds, note=stage_note(local, None)))
         cluster = Cluster(folder, counts[0], args.memory_limit)
         try:
             os.environ["BAIT_DASK_SCHEDULER"] = cluster.address
             with api_server(url) as base, httpx.Client(base_url=base, timeout=3600) as client:
                 ctx = BenchContext(client, auth, args.n, args.d, args.smoke, description)
                 seconds, batch = timed_bait(ctx, pool, args.size, params)
-                rows.append(
-                    Row("dask, store cold (writes it)", args.n, seconds, note=stage_note(batch, local["item_ids"]))
-                )
+                baseline = local["item_ids"] if local is not None else None
+                rows.append(Row("dask, store cold (writes it)", args.n, seconds, note=stage_note(batch, baseline)))
+                if baseline is None:
+                    baseline = batch["item_ids"]
                 for count in counts:
                     while len(cluster.workers) > count:
                         peaks[f"dask worker w{len(cluster.workers) - 1} (then stopped)"] = peak_rss_mb(
@@ -247,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
                         cluster.stop_worker()
                     seconds, batch = timed_bait(ctx, pool, args.size, params)
                     label = f"dask, {count} worker{'s' if count > 1 else ''}, store warm"
-                    rows.append(Row(label, args.n, seconds, note=stage_note(batch, local["item_ids"])))
-                server_pids = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in p.cmdline()]
+                    rows.append(Row(label, args.n, seconds, note=stage_note(batch, baseline)))
+                    passes[count] = float(((batch["diagnostics"].get("selection") or {}).get("cluster") or {})
+                                          .get("timings", {}).get("passes", 0.0))  # fmt: skip
+                server_pids = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in " ".join(p.cmdline())]
                 for pid in server_pids:
                     peaks[f"api + job (pid {pid})"] = peak_rss_mb(pid)
                 for i, proc in enumerate(cluster.workers):
@@ -256,14 +363,25 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             cluster.close()
             os.environ.pop("BAIT_DASK_SCHEDULER", None)
+        print(f"  disk used under {tmp}: {_disk_mb(folder):,.0f} MB (database elsewhere in /tmp)", file=sys.stderr)
     print_table(rows)
     print()
     print("peak resident memory (VmHWM, MB; the first api process, which ran the local row, is not shown):")
     for name, mb in peaks.items():
         print(f"  {name:32} {mb:,.0f}" if mb is not None else f"  {name:32} (exited)")
+    if 1 in passes and len(passes) > 1:
+        for count, seconds in sorted(passes.items()):
+            if count > 1 and seconds > 0:
+                print(f"pool-wide passes: {passes[1]:.2f} s with 1 worker, {seconds:.2f} s with {count}: "
+                      f"{passes[1] / seconds:.2f}x")  # fmt: skip
     same = all("DIFFERENT" not in r.note for r in rows)
-    print(f"\nsame picks as the single-process batch on every cluster row: {'yes' if same else 'NO'}")
+    against = "the first cluster row" if args.no_local else "the single-process batch"
+    print(f"\nsame picks as {against} on every cluster row: {'yes' if same else 'NO'}")
     return 0 if same else 1
+
+
+def _disk_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
 def _children_of(pid: int) -> list[Any]:
