@@ -35,6 +35,8 @@ REDELIVER = "worker.annotation.redeliver"
 
 #: Remove a deleted pool's folder from the pool store (job id = ``drop-store-<pool id>``).
 DROP_POOL_STORE = "worker.pool_store.drop_deleted_pool"
+#: Write a pool's current content version to the pool store as items arrive (job id = ``store-<pool id>``).
+WRITE_POOL_STORE = "worker.pool_store.write_arrived"
 
 #: The in-process runner's start hook, called with ``(settings, queue)`` before its first job.
 WORKER_CONFIGURE = "worker.runtime.configure"
@@ -51,6 +53,7 @@ JOBS = (
     TRAIN_REQUESTED,
     REDELIVER,
     DROP_POOL_STORE,
+    WRITE_POOL_STORE,
     WORKER_CONFIGURE,
 )
 

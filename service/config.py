@@ -265,6 +265,12 @@ class Settings(BaseSettings):
     pool_store_shard_rows: int = Field(
         default=65536, ge=1, description="rows per Parquet shard of the pool store (one Dask task per shard)"
     )
+    pool_store_on_arrival: str = Field(
+        default="auto",
+        description="write a pool's new version to the pool store as items arrive (a job after each upload, import, "
+        "split move, encoder change or embed job commits; only the new and changed rows are written) instead of at the "
+        "pool's next batch on the cluster: auto (on when BAIT_DASK_SCHEDULER is set), true or false",
+    )
 
     @field_validator("dask_scheduler", mode="before")
     @classmethod
@@ -297,6 +303,15 @@ class Settings(BaseSettings):
                 "(e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3://)"
             )
         return v.rstrip("/")
+
+    @field_validator("pool_store_on_arrival", mode="before")
+    @classmethod
+    def _check_on_arrival(cls, v: object) -> object:
+        word = str(v).strip().lower()
+        word = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(word, word)
+        if word not in ("auto", "true", "false"):
+            raise ValueError(f"BAIT_POOL_STORE_ON_ARRIVAL must be auto, true or false, not {v!r}")
+        return word
 
     @field_validator("worker_cache_dir", mode="before")
     @classmethod
@@ -394,6 +409,14 @@ class Settings(BaseSettings):
         if self.job_stale_seconds < 2 * self.job_heartbeat_seconds:
             raise ValueError("BAIT_JOB_STALE_SECONDS must be at least twice BAIT_JOB_HEARTBEAT_SECONDS")
         return self
+
+    @property
+    def store_on_arrival(self) -> bool:
+        """Whether uploads, imports and embed jobs enqueue a write of the pool store (BAIT_POOL_STORE_ON_ARRIVAL;
+        ``auto``: when a Dask scheduler is set, the store's only readers being its workers)."""
+        if self.pool_store_on_arrival == "auto":
+            return self.dask_scheduler is not None
+        return self.pool_store_on_arrival == "true"
 
     @property
     def is_sqlite(self) -> bool:

@@ -86,3 +86,11 @@ def queue() -> JobQueue:
         if key not in _rq_queues:
             _rq_queues[key] = RQQueue(settings)
         return _rq_queues[key]
+
+
+def queue_or_none() -> JobQueue | None:
+    """:func:`queue`, or None when there is none (logged by the caller): for follow-up work that is optional."""
+    try:
+        return queue()
+    except RuntimeError:
+        return None

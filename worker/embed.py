@@ -27,6 +27,7 @@ import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import session_scope
+from service.domain import store_arrivals
 from service.outbound import OutboundClient
 from service.store import embedding as repo
 from service.store.attempts import close_running
@@ -182,6 +183,8 @@ def run_embed(job_id: str) -> None:
         _finish(factory, job_id, attempt, "failed", None, message)
         return
     _finish(factory, job_id, attempt, "succeeded", counts, None)
+    if counts["embedded"]:  # rows became ready (committed chunk by chunk): the pool store's new version
+        store_arrivals.write_now(context.queue_or_none(), settings, pool_id)
 
 
 def _finish(

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings, tenant_data_root
 from service.db import session_scope
-from service.domain import ingest
+from service.domain import ingest, store_arrivals
 from service.domain import items as items_domain
 from service.domain.imports import FileIdentity, InvalidSource, SourceFile, open_source_file, resolve_source
 from service.errors import InvalidEmbedding, ServiceError
@@ -276,7 +276,9 @@ def _run(
         finished = _finished_values(counts, utcnow())
         if not finish_attempt(s, ImportJob, job_id, attempt, finished, outcome="succeeded"):
             raise Stopped(job_id)  # taken over meanwhile: roll the rows back, the other attempt writes them
-    log.info("import job %s: %s", job_id, counts)
+        # the pool store's new version, written by a job once the rows have committed (never on a rollback)
+        store = store_arrivals.write_on_commit(s, context.queue_or_none(), settings, pool_id)
+    log.info("import job %s: %s%s", job_id, counts, "; pool store write queued" if store else "")
 
 
 def _finished_values(counts: dict[str, int], now: datetime) -> dict[str, Any]:

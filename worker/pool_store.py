@@ -1171,3 +1171,69 @@ def migrate_all(settings: Any, pool_ids: Sequence[str] | None = None, progress_b
             f"shard(s), {manifest.bytes} bytes ({what})"
         )
     return lines
+
+
+# --------------------------------------------------------------------------------------------- written as items arrive
+
+ARRIVAL_PASSES = 3  # a store job writes again while items keep arriving, this many times at most
+
+
+def write_arrived(pool_id: str) -> None:
+    """The job an arrival enqueues (``BAIT_POOL_STORE_ON_ARRIVAL``, :mod:`service.domain.store_arrivals`): write
+    the pool's current content version to the store, from the previous version (:func:`ensure_version`: only the
+    new and changed rows), so the pool's next batch on the cluster finds it written.
+
+    Items that arrive while it writes move the content version again; their own job is not enqueued while this
+    one runs (one job id per pool), so it writes again, :data:`ARRIVAL_PASSES` times at most, until the version
+    it wrote is the pool's current one. A pool that is gone (deleted before or while it ran) leaves nothing: no
+    write, and its folder (one written meanwhile included) is removed. Errors are logged and raised (the job
+    fails; the upload that enqueued it has committed already and is not affected).
+    """
+    env = context.env()
+    settings, factory = env.settings, env.sessionmaker
+    try:
+        root = store_root(settings)
+        for attempt in range(1, ARRIVAL_PASSES + 1):
+            with session_scope(factory) as s:
+                pool = s.get(Pool, pool_id)
+                if pool is None:
+                    drop(root, pool_id)  # nothing of a deleted pool stays (its own drop job does the same)
+                    log.info("pool store: pool %s is gone; nothing written", pool_id)
+                    return
+                try:
+                    manifest, how = ensure_version(s, settings, pool)
+                except LookupError:  # deleted while it was read
+                    manifest, how = None, "gone"
+            with session_scope(factory) as s:
+                current = content_store.content_version(s, pool_id)
+            if current is None:  # deleted while it was written: its drop job may have run already
+                drop(root, pool_id)
+                log.info("pool store: pool %s was deleted while it was written; its folder removed", pool_id)
+                return
+            if manifest is None:
+                continue
+            log.info(
+                "pool store: pool %s version %d on arrival (pass %d): %s, %d rows in %d shard(s); wrote %d rows, "
+                "%d deleted ids, %d files, %d bytes",
+                pool_id,
+                manifest.version,
+                attempt,
+                "already there" if how == "hit" else "written",
+                manifest.rows,
+                len(manifest.shards),
+                manifest.written.get("rows", 0) if how == "written" else 0,
+                manifest.written.get("deleted_ids", 0) if how == "written" else 0,
+                manifest.written.get("files", 0) if how == "written" else 0,
+                manifest.written.get("bytes", 0) if how == "written" else 0,
+            )
+            if manifest.version >= current:
+                return
+        log.info(
+            "pool store: pool %s kept changing while it was written (%d passes); its next arrival or batch writes "
+            "the newest version",
+            pool_id,
+            ARRIVAL_PASSES,
+        )
+    except Exception:
+        log.exception("pool store: writing pool %s on arrival failed", pool_id)
+        raise

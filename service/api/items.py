@@ -14,7 +14,7 @@ from service.api.schemas import ItemOut, ItemPage, ItemsUpsert, UpsertResult
 from service.config import tenant_data_root
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import embedding as embedding_domain
-from service.domain import ingest, item_data
+from service.domain import ingest, item_data, store_arrivals
 from service.domain import items as items_domain
 from service.domain import quality as quality_domain
 from service.domain.pools import get_pool
@@ -109,6 +109,8 @@ def upsert_items(
     refs = [it for it in body.items if it.embedding is None]
     created = updated = 0
     job_id: str | None = None
+    # the pool store's copy changes with embeddings given, split moves, and references re-sent (ready again later)
+    store_changes = bool(direct) or any(it.split is not None for it in body.items)
     if direct:
         created, updated = items_domain.upsert_items(
             session,
@@ -128,11 +130,14 @@ def upsert_items(
             settings.max_items_per_request,
         )
         created, updated = created + c, updated + u
+        store_changes = store_changes or u > 0
     for split in ("train", "validation"):
         chosen = [it.id for it in body.items if it.split == split]
         if chosen:
             quality_domain.move_items(session, p, chosen, split)
     items_domain.store_data(session, p, [(it.id, it.data) for it in body.items if it.data is not None])
+    if store_changes:
+        store_arrivals.write_on_commit(session, request.app.state.queue, settings, p.id)
     return UpsertResult(created=created, updated=updated, embed_job_id=job_id)
 
 
@@ -211,6 +216,7 @@ async def bulk_upload(
         )
     finally:
         fileobj.close()
+    store_arrivals.write_on_commit(session, request.app.state.queue, settings, p.id)
     return UpsertResult(created=created, updated=updated)
 
 

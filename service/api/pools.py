@@ -14,9 +14,10 @@ from service.api.schemas import (
     PoolPatch,
     ValidationCounts,
 )
-from service.deps import SessionDep, TenantDep
+from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import embedding as embedding_domain
 from service.domain import pools as pools_domain
+from service.domain import store_arrivals
 from service.errors import ERROR_RESPONSES
 from service.queue import enqueue_on_commit
 
@@ -76,14 +77,19 @@ def get_pool(pool: str, session: SessionDep, tenant: TenantDep) -> PoolOut:
 
 
 @router.patch("/{pool}", response_model=PoolOut, responses=ERROR_RESPONSES)
-def patch_pool(pool: str, body: PoolPatch, request: Request, session: SessionDep, tenant: TenantDep) -> PoolOut:
+def patch_pool(
+    pool: str, body: PoolPatch, request: Request, session: SessionDep, tenant: TenantDep, settings: SettingsDep
+) -> PoolOut:
     """Change the pool's `validation` hold-out or its `encoder`. Items given by reference (uri/text) are
     embedded again with the new encoder by an embed job started after the change commits (until then they
     are pending and never selected); items posted with embeddings are untouched."""
     p = pools_domain.get_pool(session, tenant.id, pool)
     if "encoder" in body.model_fields_set:
         config = None if body.encoder is None else body.encoder.model_dump(exclude_none=True)
+        before = p.encoder or None
         embedding_domain.set_encoder(session, request.app.state.queue, tenant.id, p, config)
+        if (p.encoder or None) != before:  # items given by reference are pending until embedded again
+            store_arrivals.write_on_commit(session, request.app.state.queue, settings, p.id)
     if "validation" in body.model_fields_set:
         p.validation = None if body.validation is None else body.validation.model_dump()
     session.flush()

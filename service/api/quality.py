@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas import ExternalId
-from service.deps import SessionDep, TenantDep
+from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import quality as domain
+from service.domain import store_arrivals
 from service.domain.pools import get_pool
 from service.errors import ERROR_RESPONSES
 
@@ -70,10 +71,15 @@ class Curve(BaseModel):
 
 
 @router.patch("/items", response_model=SplitResult, responses=ERROR_RESPONSES)
-def move_items(pool: str, body: SplitMove, session: SessionDep, tenant: TenantDep) -> SplitResult:
+def move_items(
+    pool: str, body: SplitMove, request: Request, session: SessionDep, tenant: TenantDep, settings: SettingsDep
+) -> SplitResult:
     """Move items between the `train` and `validation` splits (labels and history stay)."""
     p = get_pool(session, tenant.id, pool)
-    return SplitResult(moved=domain.move_items(session, p, body.item_ids, body.split))
+    moved = domain.move_items(session, p, body.item_ids, body.split)
+    if moved:
+        store_arrivals.write_on_commit(session, request.app.state.queue, settings, p.id)
+    return SplitResult(moved=moved)
 
 
 @router.get("/curve", response_model=Curve, responses=ERROR_RESPONSES)
