@@ -69,7 +69,15 @@ def stage_rows(label: str, n: int, seconds: float, batch: dict[str, Any]) -> lis
     return rows
 
 
-def labeled_pool(ctx: BenchContext, n: int, d: int, k: int, n_labeled: int, name: str | None = None) -> str:
+def labeled_pool(
+    ctx: BenchContext,
+    n: int,
+    d: int,
+    k: int,
+    n_labeled: int,
+    name: str | None = None,
+    head: dict[str, Any] | None = None,
+) -> str:
     """A pool of n x d Gaussian embeddings, classes from a planted linear rule, n_labeled labeled."""
     rng = np.random.default_rng(1)
     emb = rng.standard_normal((n, d), dtype=np.float32)
@@ -77,7 +85,7 @@ def labeled_pool(ctx: BenchContext, n: int, d: int, k: int, n_labeled: int, name
     ids = [f"b-{i:07d}" for i in range(n)]
     saved_d, ctx.d = ctx.d, d
     try:
-        pool = create_pool(ctx, name or f"batches-{d}")
+        pool = create_pool(ctx, name or f"batches-{d}", head)
     finally:
         ctx.d = saved_d
     timed_upload(ctx, pool, npz_body(ids, emb))

@@ -165,11 +165,17 @@ def write_source(folder: Path, n: int, d: int, k: int, labeled: int, file_rows: 
 
 
 def import_pool(
-    ctx: BenchContext, name: str, source: Path, ids: list[str], labels: list[str], api_pid: int | None
+    ctx: BenchContext,
+    name: str,
+    source: Path,
+    ids: list[str],
+    labels: list[str],
+    api_pid: int | None,
+    head: dict[str, Any] | None = None,
 ) -> tuple[str, Row, float | None]:
     """A pool filled by ``POST .../items:import`` of ``source`` (under the tenant's data folder), then labeled:
     its id, the import's row (seconds from POST to succeeded, rows/s) and the api process's peak memory after it."""
-    pool = create_pool(ctx, name)
+    pool = create_pool(ctx, name, head)
     t0 = time.perf_counter()
     resp = ctx.client.post(
         f"/v1/pools/{pool}/items:import", json={"source": source.resolve().as_uri()}, headers=ctx.auth
@@ -277,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         help="both paths pre-filter to this many candidates by score, with no random stratum (whose draw differs "
         "between the paths); 0: the default plan",
     )
+    ap.add_argument(
+        "--head-dtype", choices=("float32", "float64"), default="float32", help="the pool's head (mlp) dtype"
+    )
     ap.add_argument("--via", choices=("upload", "import"), default="upload", help="how the pool is filled")
     ap.add_argument("--file-rows", type=int, default=250_000, help="rows per Parquet file with --via import")
     ap.add_argument("--no-local", action="store_true", help="leave out the single-process batch")
@@ -289,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     params: dict[str, Any] = {"seed": args.seed}
     if args.prefilter_top:
         params["prefilter"] = {"top": args.prefilter_top, "random": 0}
+    head = {"kind": "mlp", "dtype": args.head_dtype}
     counts = sorted({int(w) for w in args.workers.split(",")}, reverse=True)
     if not counts or counts[-1] < 1:
         ap.error("--workers must be positive counts, e.g. 2,1")
@@ -296,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"BAIT on a Dask cluster against the single-process path: n={args.n:,} d={args.d} k=10 B={args.size}")
     for key, value in machine().items():
         print(f"  {key:22} {value}")
-    print(f"  {'batch params':22} {params}")
+    print(f"  {'batch params':22} {params}; head {head}")
     print(f"  {'pool':22} filled by {args.via}, {args.labeled:,} labeled; store shards of {args.shard_rows:,} rows")
     print(f"  {'cluster':22} 1 scheduler + {counts[0]} worker(s), 1 thread, --memory-limit {args.memory_limit} each")
     print()
@@ -323,14 +333,14 @@ def main(argv: list[str] | None = None) -> int:
                 ids, labels = write_source(source, args.n, args.d, 10, args.labeled, args.file_rows)
                 print(f"  source written in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
                 api = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in " ".join(p.cmdline())]
-                pool, row, peak = import_pool(ctx, "dist", source, ids, labels, api[0] if api else None)
+                pool, row, peak = import_pool(ctx, "dist", source, ids, labels, api[0] if api else None, head)
                 rows.append(row)
                 peaks["api + import job (after the import)"] = peak
                 if args.drop_source:
                     shutil.rmtree(source)
             else:
                 ctx.d = args.d
-                pool = labeled_pool(ctx, args.n, args.d, 10, args.labeled, name="dist")
+                pool = labeled_pool(ctx, args.n, args.d, 10, args.labeled, name="dist", head=head)
             if not args.no_local:
                 seconds, local = timed_bait(ctx, pool, args.size, params)
                 rows.append(Row("local (single process)", args.n, seconds, note=stage_note(local, None)))

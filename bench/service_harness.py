@@ -200,9 +200,11 @@ def parquet_body(ids: list[str], emb: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def create_pool(ctx: BenchContext, name: str) -> str:
+def create_pool(ctx: BenchContext, name: str, head: dict[str, Any] | None = None) -> str:
     classes = [f"c{i}" for i in range(10)]
-    body = {"name": name, "task": "classification", "classes": classes, "embedding_dim": ctx.d}
+    body: dict[str, Any] = {"name": name, "task": "classification", "classes": classes, "embedding_dim": ctx.d}
+    if head is not None:
+        body["head"] = head
     resp = ctx.client.post("/v1/pools", json=body, headers=ctx.auth)
     resp.raise_for_status()
     pool_id: str = resp.json()["id"]

@@ -151,6 +151,20 @@ class Settings(BaseSettings):
         description='operator-assigned file:// folders by tenant name, as JSON ({"acme": "/srv/acme"}); '
         "a tenant not named reads <BAIT_DATA_ROOT>/<tenant name>/",
     )
+    # Import by reference from an object store (issue 26): the operator assigns each tenant its prefixes and names
+    # the endpoint; a request names only s3://bucket/key under one of its prefixes.
+    tenant_import_urls: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="operator-assigned object-store prefixes a tenant may import from (POST .../items:import), by "
+        'tenant name, as JSON ({"acme": ["s3://bucket/acme/"]}); a tenant not named cannot import from an object '
+        "store; credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...)",
+    )
+    import_s3_endpoint: str | None = Field(
+        default=None,
+        description="the S3 endpoint that s3:// imports read, e.g. http://10.0.0.7:9000 (MinIO, Ceph); unset: AWS "
+        "S3 itself; its host must pass the outbound guard (BAIT_OUTBOUND_ALLOW for a private address)",
+    )
+    import_s3_region: str | None = Field(default=None, description="the S3 region of s3:// imports, e.g. us-east-1")
     outbound_allow: str = Field(
         default="",
         description="hosts, IP addresses or CIDRs (comma-separated) that references, webhooks and Label Studio may "
@@ -313,6 +327,60 @@ class Settings(BaseSettings):
             raise ValueError(f"BAIT_POOL_STORE_ON_ARRIVAL must be auto, true or false, not {v!r}")
         return word
 
+    @field_validator("tenant_import_urls")
+    @classmethod
+    def _check_tenant_import_urls(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        # Each prefix normalized to s3://bucket/key-prefix/ (a trailing `/`): s3://b/acme admits s3://b/acme/...
+        # and never s3://b/acme-evil/.
+        from service.urls import split_s3
+
+        out: dict[str, list[str]] = {}
+        for tenant, urls in v.items():
+            prefixes = []
+            for url in urls:
+                try:
+                    bucket, key = split_s3(url)
+                except ValueError as exc:
+                    raise ValueError(f"BAIT_TENANT_IMPORT_URLS[{tenant!r}]: {exc}") from None
+                if any(c in key for c in "*?["):
+                    raise ValueError(f"BAIT_TENANT_IMPORT_URLS[{tenant!r}]: a prefix, not a glob: {url!r}")
+                prefixes.append(f"s3://{bucket}/" + (key.rstrip("/") + "/" if key.strip("/") else ""))
+            out[tenant] = prefixes
+        return out
+
+    @field_validator("import_s3_endpoint", "import_s3_region", mode="before")
+    @classmethod
+    def _empty_s3_option_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("import_s3_endpoint")
+    @classmethod
+    def _check_import_s3_endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or "@" in parts.netloc
+            or parts.path.strip("/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise ValueError(
+                "BAIT_IMPORT_S3_ENDPOINT must be http(s)://host[:port] (no path, query or credentials), "
+                "e.g. http://10.0.0.7:9000"
+            )
+        _ = parts.port  # raises ValueError on a bad port
+        return f"{parts.scheme}://{parts.netloc}"
+
+    @field_validator("import_s3_region")
+    @classmethod
+    def _check_import_s3_region(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9-]{1,40}", v):
+            raise ValueError("BAIT_IMPORT_S3_REGION must be a region name such as us-east-1")
+        return v
+
     @field_validator("worker_cache_dir", mode="before")
     @classmethod
     def _empty_cache_dir_is_off(cls, v: object) -> object:
@@ -460,3 +528,9 @@ def tenant_data_root(settings: Any, tenant_name: str) -> Path | None:
     if root is None or not _SAFE_FOLDER.fullmatch(tenant_name) or tenant_name in (".", ".."):
         return None
     return Path(root) / tenant_name
+
+
+def tenant_import_prefixes(settings: Any, tenant_name: str) -> list[str]:
+    """The object-store prefixes (``s3://bucket/key-prefix/``) a tenant may import from; empty: none."""
+    urls = (getattr(settings, "tenant_import_urls", None) or {}).get(tenant_name, [])
+    return [u if u.endswith("/") else f"{u}/" for u in urls]  # normalized by the validator; a model_copy is not

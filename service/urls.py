@@ -5,7 +5,8 @@ never repeats the URL's credentials.
 
 from __future__ import annotations
 
-from urllib.parse import SplitResult, urlsplit
+import re
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from service.errors import BadRequest
 from service.logredact import redact_url
@@ -43,3 +44,48 @@ def http_url(url: str, what: str = "url") -> SplitResult:
             {"field": what},
         )
     return parts
+
+
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def split_s3(url: str) -> tuple[str, str]:
+    """``(bucket, key)`` of an ``s3://bucket/key`` URL (the key percent-decoded, without its leading ``/``;
+    it may end with ``/``, a folder).
+
+    Refused, with a message a user can act on: another scheme, credentials (``user@``), a port, a bucket
+    name S3 does not allow, a query string (the endpoint and its options are the operator's settings,
+    never a URL's), a fragment, and ``.``, ``..`` or empty path segments (after decoding ``%2e``).
+
+    Raises:
+        ValueError: what is wrong with the URL (its credentials never repeated).
+    """
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL ({exc})") from None
+    if parts.scheme.lower() != "s3":
+        raise ValueError("not an s3:// URL")
+    if "@" in parts.netloc:
+        raise ValueError("an s3:// URL must not carry credentials (user@): they come from the server's environment")
+    if parts.query:
+        raise ValueError(
+            "an s3:// URL must not have a query string (?...): the S3 endpoint and its options are the operator's "
+            "settings (BAIT_IMPORT_S3_ENDPOINT, BAIT_IMPORT_S3_REGION), never part of the URL"
+        )
+    if parts.fragment or url.rstrip().endswith("#"):
+        raise ValueError("an s3:// URL must not have a fragment (#...): percent-encode `#` in a key as %23")
+    if not _BUCKET.fullmatch(parts.netloc) or ".." in parts.netloc:
+        raise ValueError(
+            f"{parts.netloc[:80]!r} is not an S3 bucket name (3-63 lowercase letters, digits, `.` and `-`; "
+            "no port): use s3://bucket/prefix/..."
+        )
+    key = unquote(parts.path).removeprefix("/")
+    if any(ord(c) < 0x20 or c == "\x7f" for c in key):
+        raise ValueError("an s3:// URL's key holds control characters")
+    segments = key.split("/")
+    if any(s in (".", "..") for s in segments):
+        raise ValueError("an s3:// URL must not have `.` or `..` segments: name the objects' prefix itself")
+    if any(not s for s in segments[:-1]):
+        raise ValueError("an s3:// URL must not have empty segments (`//`)")
+    return parts.netloc, key

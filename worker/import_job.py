@@ -1,8 +1,10 @@
 """The import job: a Parquet dataset registered by reference (``POST /v1/pools/{pool}/items:import``).
 
 ``run_import(job_id)`` moves the job ``queued -> running`` (a duplicate delivery is a no-op), resolves its
-source again (:func:`service.domain.imports.resolve_source`: the folder may have changed since the request
-was checked) and works in three stages, each with progress ``{stage, done, total}``:
+source again in its origin (:func:`service.domain.imports.origin_for`: the tenant's data folder for
+``file://``, its assigned object-store prefixes for ``s3://``, whose endpoint the outbound guard checks again;
+the files may have changed since the request was checked) and works in three stages, each with progress
+``{stage, done, total}``; files and objects are read the same way:
 
 1. ``open``: every file's footer (one file at a time): its schema (``id`` string, ``embedding``
    list<float> / fixed_size_list, optional ``data`` JSON strings and ``split``), its rows and the inflated
@@ -15,13 +17,13 @@ was checked) and works in three stages, each with progress ``{stage, done, total
 3. ``write``: the files read again and upserted with the bulk upload's writer
    (:func:`service.domain.items.write_block`) in **one transaction**, which also marks the job succeeded:
    the items appear all at once with the job's success, or not at all. The files are checked again as
-   they are written, and a file that changed since the ``open`` stage (device, inode, size, mtime) fails
-   the import.
+   they are written, and a file that changed since the ``open`` stage (device, inode, size, mtime; an
+   object's size, ETag and Last-Modified) fails the import.
 
-A bad file fails the job with the file (relative to the tenant's folder) and the row named; nothing is
-written. Memory stays at a few batches whatever the dataset's size, plus the set of ids seen (for
-duplicates). On PostgreSQL the ``write`` stage reports progress per batch; on SQLite (one writer at a
-time) it reports its start and its end only.
+A bad file fails the job with the file (relative to the tenant's folder or prefix) and the row named;
+nothing is written; the message never shows the S3 endpoint. Memory stays at a few batches whatever the
+dataset's size, plus the set of ids seen (for duplicates). On PostgreSQL the ``write`` stage reports
+progress per batch; on SQLite (one writer at a time) it reports its start and its end only.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from service.config import Settings, tenant_data_root
 from service.db import session_scope
 from service.domain import ingest, store_arrivals
 from service.domain import items as items_domain
-from service.domain.imports import FileIdentity, InvalidSource, SourceFile, open_source_file, resolve_source
+from service.domain.imports import FileIdentity, InvalidSource, Origin, SourceFile, origin_for, redact_endpoint
 from service.errors import InvalidEmbedding, ServiceError
 from service.store import imports as repo
 from service.store import items as items_repo
@@ -98,10 +100,11 @@ def run_import(job_id: str) -> None:
         log.info("import job %s: stopped (taken over or deleted)", job_id)
     except ImportFailed as exc:
         log.info("import job %s failed: %s", job_id, exc)
-        _fail(factory, job_id, attempt, str(exc))
+        _fail(factory, job_id, attempt, redact_endpoint(settings.import_s3_endpoint, str(exc)))
     except Exception as exc:
         log.error("import job %s failed:\n%s", job_id, traceback.format_exc())
-        _fail(factory, job_id, attempt, f"internal error: {type(exc).__name__}: {exc}")
+        error = f"internal error: {type(exc).__name__}: {exc}"
+        _fail(factory, job_id, attempt, redact_endpoint(settings.import_s3_endpoint, error))
 
 
 def _fail(factory: sessionmaker[Session], job_id: str, attempt: int, error: str) -> None:
@@ -118,15 +121,15 @@ def _fail(factory: sessionmaker[Session], job_id: str, attempt: int, error: str)
         )
 
 
-def _load_pool(factory: sessionmaker[Session], pool_id: str, settings: Settings) -> tuple[Pool, Path | None]:
-    """The pool (detached: its dimension is what the rows are checked against) and its tenant's data folder."""
+def _load_pool(factory: sessionmaker[Session], pool_id: str) -> tuple[Pool, str]:
+    """The pool (detached: its dimension is what the rows are checked against) and its tenant's name."""
     with session_scope(factory) as s:
         pool = s.get(Pool, pool_id)
         if pool is None:
             raise Stopped(pool_id)
         tenant = s.get(Tenant, pool.tenant_id)
         s.expunge(pool)
-        return pool, tenant_data_root(settings, tenant.name if tenant is not None else "")
+        return pool, tenant.name if tenant is not None else ""
 
 
 def _located(file: SourceFile, block: ingest.Block | None, exc: ServiceError) -> ImportFailed:
@@ -159,10 +162,10 @@ def _too_large(file: SourceFile, exc: ServiceError, settings: Settings, budget: 
 
 
 @contextmanager
-def _opened(file: _File, root: Path) -> Iterator[ingest.ParquetBulkFile]:
+def _opened(file: _File, origin: Origin) -> Iterator[ingest.ParquetBulkFile]:
     """A file of the import opened again (checked to be the one the ``open`` stage saw) as a bulk file."""
     try:
-        fh, identity = open_source_file(file.source, root)
+        fh, identity = origin.open(file.source)
     except InvalidSource as exc:
         raise ImportFailed(exc.message) from None
     with fh:
@@ -178,7 +181,7 @@ def _bulk(fh: Any, budget: int) -> ingest.ParquetBulkFile:
     return ingest.ParquetBulkFile(fh, ID_COLUMN, EMBEDDING_COLUMN, DATA_COLUMN, False, budget, split_col=SPLIT_COLUMN)
 
 
-def _open_all(files: list[SourceFile], root: Path, settings: Settings, tracker: Tracker) -> list[_File]:
+def _open_all(files: list[SourceFile], origin: Origin, settings: Settings, tracker: Tracker) -> list[_File]:
     """Stage ``open``: every footer checked, rows and inflated bytes summed against the import's limits."""
     tracker.stage("open", 0, len(files))
     out: list[_File] = []
@@ -186,7 +189,7 @@ def _open_all(files: list[SourceFile], root: Path, settings: Settings, tracker: 
     for i, source in enumerate(files):
         budget = settings.import_max_bytes - used
         try:
-            fh, identity = open_source_file(source, root)
+            fh, identity = origin.open(source)
         except InvalidSource as exc:
             raise ImportFailed(exc.message) from None
         with fh:
@@ -211,12 +214,12 @@ def _open_all(files: list[SourceFile], root: Path, settings: Settings, tracker: 
 
 
 def _checked_blocks(
-    files: list[_File], root: Path, settings: Settings, pool: Pool, data_root: Path | None
+    files: list[_File], origin: Origin, settings: Settings, pool: Pool, data_root: Path | None
 ) -> Iterator[items_domain.CheckedBlock]:
     """Every row of every file in record batches, each checked as the bulk upload checks a block."""
     seen: set[str] = set()
     for file in files:
-        with _opened(file, root) as bulk:
+        with _opened(file, origin) as bulk:
             blocks = bulk.blocks(settings.bulk_block_bytes, int(pool.embedding_dim))
             while True:
                 try:
@@ -242,18 +245,19 @@ def _run(
     tracker: Tracker,
     settings: Settings,
 ) -> None:
-    pool, root = _load_pool(factory, pool_id, settings)
+    pool, tenant_name = _load_pool(factory, pool_id)
+    data_root = tenant_data_root(settings, tenant_name)  # what file:// references in `data` must lie under
     try:
-        sources = resolve_source(source, root, settings.import_max_files)
+        origin = origin_for(source, settings, tenant_name)
+        sources = origin.resolve(source, settings.import_max_files)
     except ServiceError as exc:
         raise ImportFailed(exc.message) from None
-    assert root is not None  # resolve_source refuses a tenant without a data folder
-    files = _open_all(sources, root, settings, tracker)
+    files = _open_all(sources, origin, settings, tracker)
     total = sum(f.rows for f in files)
 
     tracker.stage("validate", 0, total)
     done = 0
-    for checked in _checked_blocks(files, root, settings, pool, root):
+    for checked in _checked_blocks(files, origin, settings, pool, data_root):
         done += len(checked.block.ids)
         tracker.callback(done, total)
 
@@ -266,7 +270,7 @@ def _run(
         now = utcnow()
         done = 0
         with items_repo.BulkUpsert(s, pool_id, now) as writer:
-            for checked in _checked_blocks(files, root, settings, live, root):
+            for checked in _checked_blocks(files, origin, settings, live, data_root):
                 items_domain.write_block(s, live, writer, checked, None, now)
                 done += len(checked.block.ids)
                 if live_progress:

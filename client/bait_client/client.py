@@ -385,8 +385,9 @@ class Client:
         return self._run(self._ops.wait_embed(pool_id, job, timeout=timeout, poll=poll))
 
     def import_items(self, pool_id: str, source: str) -> ImportJob:
-        """Import a Parquet dataset by reference (``file:///...`` under the tenant's data folder: a file, a
-        folder or a glob) as a job; the service reads it, nothing is uploaded. See :meth:`wait_import`."""
+        """Import a Parquet dataset by reference (``file:///...`` under the tenant's data folder, or
+        ``s3://bucket/...`` under an object-store prefix the operator assigned to the tenant: a file, a folder
+        or a glob) as a job; the service reads it, nothing is uploaded. See :meth:`wait_import`."""
         return self._run(self._ops.import_items(pool_id, source))
 
     def get_import(self, pool_id: str, import_id: str) -> ImportJob:

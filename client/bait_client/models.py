@@ -340,7 +340,8 @@ class EmbedJob(_Job):
 
 class ImportJob(_Job):
     """An import by reference (``POST /v1/pools/{pool}/items:import``): a Parquet dataset under the tenant's
-    data folder, read and written by a worker; its rows appear all at once when it succeeds."""
+    data folder or an object-store prefix assigned to it, read and written by a worker; its rows appear all at
+    once when it succeeds."""
 
     source: str
     rows_imported: int = 0

@@ -1,6 +1,7 @@
 """Routes: import by reference (``POST /v1/pools/{pool}/items:import``) and its jobs (``.../imports``).
 
-The dataset stays where it is (a Parquet file, folder or glob under the tenant's data folder): the request
+The dataset stays where it is (a Parquet file, folder or glob under the tenant's data folder, or under an
+object-store prefix the operator assigned to the tenant): the request
 is checked and a job is queued; a worker reads the files and writes every row in one transaction at the
 end (see :mod:`service.domain.imports` and :mod:`worker.import_job`).
 """
@@ -14,7 +15,6 @@ from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas import Attempt, RequestModel
-from service.config import tenant_data_root
 from service.deps import SessionDep, SettingsDep, TenantDep
 from service.domain import imports as domain
 from service.domain.pools import get_pool
@@ -26,15 +26,21 @@ router = APIRouter(prefix="/v1/pools", tags=["items"])
 class ImportRequest(RequestModel):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"source": "file:///srv/bait-data/acme/embeddings/*.parquet"}]},
+        json_schema_extra={
+            "examples": [
+                {"source": "file:///srv/bait-data/acme/embeddings/*.parquet"},
+                {"source": "s3://datasets/acme/embeddings/"},
+            ]
+        },
     )
     source: str = Field(
         min_length=1,
         max_length=4096,
-        description="file:///absolute/path under the tenant's data folder: one .parquet file, a folder (every "
-        "*.parquet under it) or a glob in the last part (.../part-*.parquet). Columns: `id` (string), `embedding` "
-        "(list<float> of the pool's embedding_dim), optional `data` (JSON object strings) and `split` "
-        "(train | validation; null: unchanged). Object stores (s3://, ...) are not supported.",
+        description="file:///absolute/path under the tenant's data folder, or s3://bucket/key under an object-store "
+        "prefix the operator assigned to the tenant (no query string: the endpoint is the operator's setting): one "
+        ".parquet file, a folder (every *.parquet under it) or a glob in the last part (.../part-*.parquet). Columns: "
+        "`id` (string), `embedding` (list<float> of the pool's embedding_dim), optional `data` (JSON object strings) "
+        "and `split` (train | validation; null: unchanged). Other schemes (gs://, https://, ...) are not supported.",
     )
 
 
@@ -52,7 +58,9 @@ class ImportJobOut(BaseModel):
     progress: ImportProgress
     rows_imported: int = Field(description="rows written (0 until the job succeeds: all appear at once)")
     counts: dict[str, Any] = Field(description="once succeeded: files, rows, created, updated")
-    error: str | None = Field(description="why the job failed: the file (relative to the data folder) and row")
+    error: str | None = Field(
+        description="why the job failed: the file (relative to the data folder or the object-store prefix) and row"
+    )
     attempts: int
     attempt_history: list[Attempt] = Field(description="every attempt, oldest first, with its outcome")
     created_at: datetime
@@ -86,9 +94,7 @@ def import_items(
     split where given), its label, status and history stay. A bad row fails the job naming the file and
     row, and nothing is written: the rows appear in one transaction when the job succeeds."""
     p = get_pool(session, tenant.id, pool)
-    job = domain.request_import(
-        session, request.app.state.queue, p, body.source, tenant_data_root(settings, tenant.name), settings
-    )
+    job = domain.request_import(session, request.app.state.queue, p, body.source, tenant.name, settings)
     session.flush()
     response.headers["Location"] = f"/v1/pools/{pool}/imports/{job.id}"
     return ImportJobOut.model_validate(domain.job_view(job))

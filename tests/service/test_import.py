@@ -309,7 +309,8 @@ def test_hostile_sources_are_refused_before_anything_is_written(
         (f"file://{acme}/links/", "symbolic link out of this tenant's data folder"),
         (f"file://{acme}/links/*.parquet", "symbolic link out of this tenant's data folder"),
         (f"file://{acme}/dirlink/", "outside this tenant's data folder"),
-        ("s3://bucket/prefix/*.parquet", "s3:// sources are not supported"),
+        ("s3://bucket/prefix/*.parquet", "BAIT_TENANT_IMPORT_URLS"),  # no object-store prefix assigned
+        ("gs://bucket/prefix/*.parquet", "gs:// sources are not supported"),
         ("https://example.com/ds.parquet", "https:// sources are not supported"),
         ("ds/part-0.parquet", "file:///absolute/path"),
         (f"file://otherhost{acme}/ds/", "with a host"),
