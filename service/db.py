@@ -77,6 +77,21 @@ def retry_delay(retry: int) -> float:
     return random.uniform(0.0, min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 2**retry))
 
 
+def begin_write(session: Session) -> None:
+    """Make the session's transaction a writer from its first statement on SQLite (``BEGIN IMMEDIATE``): what it
+    reads then stays true until it commits. Python's sqlite3 starts a transaction only at the first write, so a
+    read-then-write transaction (a recovery sweep) could read a row, wait for another writer's lock, and then
+    overwrite what that writer committed meanwhile (it re-queued an import that had just succeeded, after the
+    import held the lock for 12 minutes). PostgreSQL's row locks (``FOR UPDATE``) already give this; nothing is
+    done there."""
+    conn = session.connection()
+    if conn.dialect.name != "sqlite":
+        return
+    raw: Any = conn.connection.driver_connection
+    if not raw.in_transaction:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def run_transaction(
     factory: sessionmaker[Session], fn: Callable[[Session], T], *, attempts: int = TRANSACTION_ATTEMPTS
 ) -> T:

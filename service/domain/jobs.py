@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import catalog
 from service.config import Settings
-from service.db import run_transaction
+from service.db import begin_write, run_transaction
 from service.domain.embedding import recover_embed_jobs
 from service.domain.imports import recover_import_jobs
 from service.domain.recovery import JobKind, Recovery, lost_in_queue, sweep
@@ -44,6 +44,7 @@ def recover_jobs(factory: sessionmaker[Session], queue: JobQueue, settings: Sett
     """Re-queue or fail dead batch, embed, import and select jobs; resubmit queued jobs the queue does not know."""
 
     def recover(session: Session) -> Recovery:
+        begin_write(session)  # SQLite: the rows it reads stay as read until it commits
         report = Recovery()
         now = datetime.now(UTC)
         recover_embed_jobs(session, queue, settings, now, report, assume_dead=assume_dead)

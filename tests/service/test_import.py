@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
@@ -169,6 +171,45 @@ def test_glob_data_split_and_existing_ids_update_like_the_bulk_upload(
     assert rows["a"].embedding == emb[0].tobytes() and rows["a"].status == "labeled"  # label stays
     assert rows["a"].data == {"text": "hello"} and rows["d"].data == {"n": 3}
     assert rows["b"].split == "validation" and rows["a"].split == "train" and rows["c"].split == "train"
+
+
+def test_a_sweep_that_waits_for_an_import_s_commit_never_requeues_the_finished_import(
+    client: TestClient, auth: Auth, db: sessionmaker[Session], acme: Path, settings: Settings
+) -> None:
+    """On SQLite an import holds the only write lock for its whole write (12 minutes at 10^7 rows), so its heartbeat
+    goes stale. A recovery sweep that read the row as running before the import committed, then waited for the
+    lock, must not re-queue the import once it has succeeded (it did: the import then ran a second time)."""
+    pool = make_pool(client, auth, embedding_dim=D)
+    now = datetime.now(UTC)
+    with session_scope(db) as s:
+        job = ImportJob(
+            pool_id=pool["id"], source=f"file://{acme}/ds/", status="running", progress_stage="write",
+            attempts=1, attempt_history=opened(None, 1, now - timedelta(seconds=40), worker_name()),
+            created_at=now - timedelta(seconds=60), started_at=now - timedelta(seconds=40),
+            heartbeat_at=now - timedelta(seconds=30),
+        )  # fmt: skip
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    quick = settings.model_copy(update={"job_stale_seconds": 1.0})
+    reports: list[Any] = []
+    writer = db()
+    try:  # the import's last transaction: rows written, the job marked succeeded, not committed yet
+        writer.execute(
+            update(ImportJob).where(ImportJob.id == job_id).values(status="succeeded", finished_at=datetime.now(UTC))
+        )
+        sweeper = threading.Thread(
+            target=lambda: reports.append(recover_jobs(db, client.app.state.queue, quick, assume_dead=False))  # type: ignore[attr-defined]
+        )
+        sweeper.start()
+        time.sleep(1.0)  # the sweep has started and waits for the write lock (SQLite) or the row lock (PostgreSQL)
+        writer.commit()
+    finally:
+        writer.close()
+    sweeper.join(60)
+    assert not sweeper.is_alive() and reports and reports[0].requeued == []
+    out = client.get(f"/v1/pools/{pool['id']}/imports/{job_id}", headers=auth).json()
+    assert out["status"] == "succeeded" and out["attempts"] == 1
 
 
 def test_an_import_whose_worker_died_is_requeued_and_runs_again(
@@ -378,7 +419,7 @@ def test_the_job_opens_a_file_swapped_for_a_link_after_the_check_never(acme: Pat
     outside = settings.data_root / "globex" / "x.parquet"
     write(outside, table(["s"], np.zeros((1, D))))
     (file,) = resolve_source(f"file://{acme}/t/", acme, 10)
-    file.path.unlink()
+    Path(file.path).unlink()
     os.symlink(outside, file.path)
     with pytest.raises(InvalidSource, match="cannot open it"):
         open_source_file(file, acme)
