@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from selection.errors import SelectionError
@@ -99,8 +100,10 @@ class Tracker:
                     if not self._touch(s, None):
                         self._stopped.set()
                         return
+            except OperationalError as exc:  # e.g. SQLite's write lock, held by this very job's long write
+                log.warning("heartbeat of job %s missed: %s", self.batch_id, str(exc.orig).splitlines()[0])
             except Exception:  # a missed heartbeat is not fatal; the next one may pass
-                log.warning("heartbeat of batch %s failed", self.batch_id, exc_info=True)
+                log.warning("heartbeat of job %s failed", self.batch_id, exc_info=True)
 
     def _touch(self, s: Session, progress: tuple[str, int, int] | None) -> bool:
         """Heartbeat (and progress) of this attempt; False when the job is no longer its to run.
