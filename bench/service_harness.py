@@ -160,7 +160,9 @@ def api_server(url: str) -> Iterator[str]:
         yield base
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        # A job still running when the api stops gets 30 s, then dies with the process; a commit that wrote
+        # gigabytes on SQLite may still be checkpointing its write-ahead log meanwhile: give the exit time.
+        proc.wait(timeout=600)
 
 
 def wait_healthy(base: str, proc: subprocess.Popen[Any], timeout: float) -> None:

@@ -65,6 +65,7 @@ from sqlalchemy.orm import Session
 from tqdm import tqdm
 
 from service.db import make_engine, make_sessionmaker, session_scope
+from service.outbound import OutboundPolicy, OutboundRefused, resolve
 from service.store import content as content_store
 from service.store.models import Pool
 from worker import context, pool_cache
@@ -267,8 +268,55 @@ def files(root: str | Path) -> Files:
 
 def store_root(settings: Any) -> str:
     """The store's root (``BAIT_POOL_STORE``): an absolute folder, or a URL of another filesystem (with its
-    query; :func:`display` for messages)."""
-    return files(str(settings.pool_store)).url
+    query; :func:`display` for messages). A URL that names a host (an ``endpoint_override``, an ``hdfs://``
+    name node) is checked by the outbound guard first (:func:`check_store_host`), once per process."""
+    url = files(str(settings.pool_store)).url
+    check_store_host(url, OutboundPolicy.from_settings(settings))
+    return url
+
+
+_GUARDED: set[tuple[str, OutboundPolicy]] = set()
+
+
+def store_host(url: str) -> tuple[str, int] | None:
+    """The host (and port) a store URL sends requests to, when the URL names one: ``endpoint_override`` of an
+    object store's query, or the ``netloc`` of ``hdfs://``; None for a local folder or a provider's own endpoint
+    (``s3://bucket`` without an override is AWS)."""
+    if "://" not in url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        return None
+    options = dict(parse_qsl(parts.query))
+    endpoint = options.get("endpoint_override")
+    if endpoint:
+        scheme = options.get("scheme", "https")
+        target = urlsplit(endpoint if "://" in endpoint else f"{scheme}://{endpoint}")
+        return target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+    if parts.scheme in ("hdfs", "viewfs"):
+        return parts.hostname or "", parts.port or 8020
+    return None
+
+
+def check_store_host(url: str, policy: OutboundPolicy) -> None:
+    """The store's host must pass the outbound guard, as every URL the service reaches does: an operator who
+    points ``BAIT_POOL_STORE`` at an internal address allows it with ``BAIT_OUTBOUND_ALLOW``.
+
+    Raises:
+        StoreError: refused (the message names the settings; the address goes to the log only).
+    """
+    target = store_host(url)
+    if target is None or (url, policy) in _GUARDED:
+        return
+    try:
+        resolve(target[0], target[1], policy)
+    except OutboundRefused as exc:
+        log.warning("pool store %s refused by the outbound guard: %s", display(url), exc.message)
+        raise StoreError(
+            "the pool store's host is refused by the outbound guard (BAIT_POOL_STORE names an internal address not "
+            "in BAIT_OUTBOUND_ALLOW, or a name that does not resolve); an operator must allow or change it"
+        ) from None
+    _GUARDED.add((url, policy))
 
 
 def _fsync_dir(path: str | Path) -> None:

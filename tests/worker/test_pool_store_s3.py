@@ -119,7 +119,8 @@ def test_a_cluster_batch_reads_its_shards_from_s3(
     cluster = start_cluster(tmp_path)  # its workers inherit the credentials from this process's environment
     try:
         dask_settings = _settings(settings, tmp_path / "unused", dask_scheduler=cluster.address)
-        dask_settings = dask_settings.model_copy(update={"pool_store": s3_url})
+        # the store's endpoint (127.0.0.1) passes the outbound guard only as the operator allows it
+        dask_settings = dask_settings.model_copy(update={"pool_store": s3_url, "outbound_allow": "127.0.0.1"})
         with TestClient(create_app(dask_settings)) as app:
             data = make_pool(db, name="dask-s3", **POOL)
             batch = _wait(app, dask_settings, auth, data.pool_id, _batch(app, auth, data.pool_id, "entropy"))
@@ -135,6 +136,36 @@ def test_a_cluster_batch_reads_its_shards_from_s3(
             manifest = pool_store.read_manifest(s3_url, data.pool_id, version)
             assert manifest is not None and manifest.base_version == int(sel["store_version"])
             assert manifest.written["shards_shared"] >= 9
+    finally:
+        for p in [*cluster.workers, cluster.scheduler]:
+            cluster.stop(p, signal.SIGKILL)
+
+
+def test_a_store_on_an_address_the_outbound_guard_refuses_fails_the_batch_and_names_the_settings(
+    s3_url: str, settings: Settings, db: sessionmaker[Session], auth: dict[str, str], tmp_path: Path
+) -> None:
+    """``BAIT_POOL_STORE`` goes through the outbound guard like every URL the service reaches: an endpoint on an
+    internal address not in ``BAIT_OUTBOUND_ALLOW`` (here 127.0.0.1) is refused before any request, and the batch
+    fails with a message that names the settings, never the address."""
+    assert pool_store.store_host(s3_url) == ("127.0.0.1", int(s3_url.split("127.0.0.1:")[1].split("&")[0]))
+    assert pool_store.store_host("s3://bucket/prefix") is None and pool_store.store_host(str(tmp_path)) is None
+    assert pool_store.store_host("hdfs://namenode.internal:9000/store") == ("namenode.internal", 9000)
+    refusing = settings.model_copy(update={"pool_store": s3_url, "outbound_allow": ""})
+    with pytest.raises(pool_store.StoreError, match="BAIT_POOL_STORE names an internal address") as err:
+        pool_store.store_root(refusing)
+    assert "127.0.0.1" not in str(err.value)
+    allowed = refusing.model_copy(update={"outbound_allow": "127.0.0.1"})
+    assert pool_store.store_root(allowed).startswith(f"s3://{BUCKET}/store")
+    cluster = start_cluster(tmp_path)
+    try:
+        dask_settings = _settings(settings, tmp_path / "unused", dask_scheduler=cluster.address)
+        dask_settings = dask_settings.model_copy(update={"pool_store": s3_url, "outbound_allow": ""})
+        with TestClient(create_app(dask_settings)) as app:
+            data = make_pool(db, name="dask-s3-refused", **POOL)
+            batch = _wait(app, dask_settings, auth, data.pool_id, _batch(app, auth, data.pool_id, "entropy"))
+            assert batch["status"] == "failed" and "outbound guard" in batch["error"]
+            assert "127.0.0.1" not in batch["error"]
+        assert not any(o.startswith(f"{data.pool_id}/") for o in _objects(s3_url))  # nothing was written
     finally:
         for p in [*cluster.workers, cluster.scheduler]:
             cluster.stop(p, signal.SIGKILL)
