@@ -38,6 +38,10 @@ DROP_POOL_STORE = "worker.pool_store.drop_deleted_pool"
 #: Write a pool's current content version to the pool store as items arrive (job id = ``store-<pool id>``).
 WRITE_POOL_STORE = "worker.pool_store.write_arrived"
 
+#: Strategies whose pool-wide passes run on the Dask cluster when one is configured (``worker.distributed`` holds
+#: the same list): the top-``B`` ones wholly, ``bait`` up to its greedy (without ``fisher_weights``).
+CLUSTER_STRATEGIES = ("random", "margin", "confidence", "entropy", "bait")
+
 #: The in-process runner's start hook, called with ``(settings, queue)`` before its first job.
 WORKER_CONFIGURE = "worker.runtime.configure"
 

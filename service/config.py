@@ -276,6 +276,14 @@ class Settings(BaseSettings):
         "or by fsspec when its filesystem is installed, with credentials from the environment, never in the URL; "
         "every Dask worker must reach the same store)",
     )
+    local_pool_max_bytes: int = Field(
+        default=16 * 2**30,
+        ge=0,
+        description="largest pool (items x embedding_dim x 4 bytes of float32) one worker process loads to select "
+        "from: a batch of a larger pool is refused before 202 unless its strategy runs on the Dask cluster "
+        "(BAIT_DASK_SCHEDULER; random, margin, confidence, entropy, bait), and fails with the same message if it "
+        "would still run in the worker's process (a cold start); 0: no limit",
+    )
     pool_store_shard_rows: int = Field(
         default=65536, ge=1, description="rows per Parquet shard of the pool store (one Dask task per shard)"
     )

@@ -203,4 +203,4 @@ def evaluate_policy(integration_id: str) -> str | None:
     with session_scope(env.sessionmaker) as s:
         if not autobatch.train_pending(s, integration_id):
             return None
-        return autobatch.evaluate(s, context.queue(), integration_id, utcnow())
+        return autobatch.evaluate(s, context.queue(), integration_id, utcnow(), context.env().settings)

@@ -29,14 +29,14 @@ import selection
 from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
 from selection.heads import predict as head_predict
 from service.db import session_scope
-from service.domain import coldstart
+from service.domain import coldstart, pool_size
 from service.domain.strategies import EXCLUDE_OUTLIERS
 from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
 from service.store.models import Batch, Checkpoint, Pool
 from worker import annotation, context, pool_cache, quality, steering, stopping, threads, webhooks
-from worker.pool_data import PoolArrays, current_design, load_pool
+from worker.pool_data import PoolArrays, PoolDataError, current_design, load_pool
 from worker.runtime import Stopped, Tracker, jsonable, utcnow
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,14 @@ def _load(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker) ->
         config = head_config(pool)
         task = pool.task
         classes = list(pool.classes or []) if task == "classification" else None
-        cache = pool_cache.for_settings(context.env().settings)
+        settings = context.env().settings
+        if needs_model:  # the api refused what does not fit before 202; this catches what still runs here
+            why = pool_size.refusal(
+                settings, store.count_items(s, pool.id), int(pool.embedding_dim), spec.strategy, local=True
+            )
+            if why is not None:
+                raise PoolDataError(why)
+        cache = pool_cache.for_settings(settings)
         data = load_pool(s, pool, utcnow(), progress=tracker.callback, cache=cache, embeddings=needs_model)
     tracker.write(data.n, data.n)
     return _Loaded(data=data, config=config, task=task, classes=classes, needs_model=needs_model)

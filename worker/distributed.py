@@ -47,7 +47,8 @@ class EngineUnavailable(RuntimeError):
 
 CLUSTER_STRATEGIES = (*TOP_B_STRATEGIES, "bait")
 """Strategies whose pool-wide passes run on the cluster: the top-``B`` ones wholly, ``bait`` up to the greedy
-(:mod:`worker.distributed_bait`)."""
+(:mod:`worker.distributed_bait`). The api's list (:data:`service.catalog.CLUSTER_STRATEGIES`, which refuses other
+strategies on pools too large for one process) is the same set (``tests/worker/test_distributed.py`` checks it)."""
 
 
 def handles(strategy: str) -> bool:

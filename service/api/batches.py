@@ -114,7 +114,9 @@ def create_batch(
     Send an `Idempotency-Key` header to make retries safe: a repeated request returns the same batch.
     """
     req = domain.BatchRequest(size=body.size, strategy=body.strategy, params=body.params)
-    batch, created = domain.create_batch(session, queue_of(request), tenant.id, pool, req, idempotency_key)
+    batch, created = domain.create_batch(
+        session, queue_of(request), tenant.id, pool, req, request.app.state.settings, idempotency_key
+    )
     response.headers["Location"] = location(pool, batch.id)
     if not created:
         response.status_code = status.HTTP_200_OK

@@ -89,7 +89,7 @@ def blocked_by(session: Session, integration: Integration, policy: dict[str, Any
     return f"{n} of {policy['n']} labels since batch {last.id}" if n < int(policy["n"]) else None
 
 
-def evaluate(session: Session, queue: JobQueue, integration_id: str, now: datetime) -> str | None:
+def evaluate(session: Session, queue: JobQueue, integration_id: str, now: datetime, settings: Any) -> str | None:
     """Create the next batch when a train request is pending and the policy allows it; its job is submitted
     to ``queue`` once ``session`` commits. Returns the batch id (None: no batch now).
 
@@ -130,7 +130,9 @@ def evaluate(session: Session, queue: JobQueue, integration_id: str, now: dateti
         integration.state = state
         return None
     try:
-        batch = new_batch_row(session, pool, BatchRequest(size=size, strategy=config.strategy, params={}), now)
+        batch = new_batch_row(
+            session, pool, BatchRequest(size=size, strategy=config.strategy, params={}), now, settings
+        )
     except ServiceError as exc:
         integration.state = state
         integration.status = "error"

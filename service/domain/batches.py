@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import catalog
-from service.domain import strategies
+from service.domain import pool_size, strategies
 from service.domain.pools import get_pool
 from service.errors import BadRequest, Conflict, NotFound
 from service.queue import JobQueue, enqueue_on_commit
@@ -42,8 +42,11 @@ class BatchRequest:
     params: Any
 
 
-def validate_request(session: Session, pool: Pool, req: BatchRequest, now: datetime) -> tuple[int, str, dict[str, Any]]:
-    """``(size, strategy, params)`` of a valid request; BadRequest with a clear message otherwise."""
+def validate_request(
+    session: Session, pool: Pool, req: BatchRequest, now: datetime, settings: Any
+) -> tuple[int, str, dict[str, Any]]:
+    """``(size, strategy, params)`` of a valid request; BadRequest with a clear message otherwise (also a pool too
+    large for the one process its strategy would run in: :mod:`service.domain.pool_size`)."""
     spec, params = strategies.check_request(req.strategy, pool.task, req.params, pool.embedding_dim, batch=True)
     size = req.size
     if isinstance(size, bool) or not isinstance(size, int):
@@ -56,6 +59,11 @@ def validate_request(session: Session, pool: Pool, req: BatchRequest, now: datet
             f"size {size} is more than the {available} item(s) available (unlabeled and not reserved) in the pool",
             details={"available": available},
         )
+    reads_embeddings = bool(spec.inputs) or params.get(strategies.EXCLUDE_OUTLIERS) is True
+    n_items = store.count_items(session, pool.id)
+    pool_size.check_batch(
+        settings, n_items, int(pool.embedding_dim), spec.name, params, reads_embeddings=reads_embeddings
+    )
     return size, spec.name, params
 
 
@@ -65,6 +73,7 @@ def create_batch(
     tenant_id: str,
     pool_id: str,
     req: BatchRequest,
+    settings: Any,
     idempotency_key: str | None = None,
 ) -> tuple[Batch, bool]:
     """Create a batch and submit its job on commit; returns ``(batch, created)``.
@@ -80,7 +89,7 @@ def create_batch(
         if existing is not None:
             return _same_request(existing, req), False
     now = utcnow()
-    batch = _queued_batch(session, pool, req, now, idempotency_key)
+    batch = _queued_batch(session, pool, req, now, settings, idempotency_key)
     try:
         with session.begin_nested():  # a concurrent request with the same key loses cleanly
             session.add(batch)
@@ -97,11 +106,11 @@ def create_batch(
 
 
 def _queued_batch(
-    session: Session, pool: Pool, req: BatchRequest, now: datetime, idempotency_key: str | None = None
+    session: Session, pool: Pool, req: BatchRequest, now: datetime, settings: Any, idempotency_key: str | None = None
 ) -> Batch:
     """The ``queued`` row of a validated request, with its seed (the request's, or one drawn now and stored,
     so every batch, API or auto-batch, can be reproduced)."""
-    size, strategy, params = validate_request(session, pool, req, now)
+    size, strategy, params = validate_request(session, pool, req, now, settings)
     if params.get("seed") is None:
         params["seed"] = draw_seed()
     return Batch(
@@ -124,9 +133,9 @@ def draw_seed() -> int:
     return secrets.randbelow(2**31)
 
 
-def new_batch_row(session: Session, pool: Pool, req: BatchRequest, now: datetime) -> Batch:
+def new_batch_row(session: Session, pool: Pool, req: BatchRequest, now: datetime, settings: Any) -> Batch:
     """A validated ``queued`` batch row that the caller runs itself (the Label Studio auto-batch job)."""
-    batch = _queued_batch(session, pool, req, now)
+    batch = _queued_batch(session, pool, req, now, settings)
     session.add(batch)
     session.flush()
     return batch

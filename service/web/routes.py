@@ -237,7 +237,9 @@ def request_batch(
     _check_post(request, user, csrf)
     req = batches_domain.BatchRequest(size=size, strategy=strategy, params={})
     try:
-        batch, _ = batches_domain.create_batch(session, _queue(request), user.tenant.id, pool, req)
+        batch, _ = batches_domain.create_batch(
+            session, _queue(request), user.tenant.id, pool, req, request.app.state.settings
+        )
     except ServiceError as exc:
         if exc.status_code == 404:
             raise

@@ -508,3 +508,12 @@ def test_the_pool_fisher_reduction_runs_only_when_cheap_so_more_workers_never_ad
     assert distributed_bait.plan(params, **common, **small, workers=2)[1] is True
     # the operator's own budget moves it: a batch that may take an hour affords the reduction on the big pool
     assert distributed_bait.plan({**params, "time_budget_s": 3600}, **common, **big, workers=2)[1] is True
+
+
+def test_the_api_and_the_worker_agree_on_what_runs_on_the_cluster() -> None:
+    """The api refuses other strategies on pools too large for one process by its own list (it imports no
+    numerics); it must be the worker's."""
+    from service import catalog
+    from worker import distributed
+
+    assert set(catalog.CLUSTER_STRATEGIES) == set(distributed.CLUSTER_STRATEGIES)
