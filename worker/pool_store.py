@@ -49,6 +49,7 @@ import os
 import re
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -728,7 +729,7 @@ class PoolMoved(RuntimeError):
     """The pool's rows changed while a version was being written (nothing was published; write it again)."""
 
 
-class Rows:
+class Rows(ABC):
     """The rows of the version being written: ``item_ids`` (ascending), and the rows the plan needs, read on demand.
 
     :func:`_write` asks for contiguous runs of rows (a fresh shard) and for scattered rows (a delta's upserts);
@@ -738,13 +739,13 @@ class Rows:
     item_ids: np.ndarray
     d: int
 
+    @abstractmethod
     def block(self, a: int, b: int) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
         """Ids, external ids and embeddings of rows ``a:b``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def take(self, positions: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
         """Ids, external ids and embeddings of the rows at ``positions`` (ascending)."""
-        raise NotImplementedError
 
     def unchanged(self) -> bool:
         """Whether the rows handed out are still the version's (checked before publishing)."""

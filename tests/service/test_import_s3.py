@@ -6,11 +6,6 @@ another tenant's key), an object replaced while the job reads it, and an endpoin
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +26,7 @@ from service.outbound import OutboundPolicy
 from service.store.models import ImportJob, Item
 from tests.conftest import RunJobs, make_key
 from tests.e2e.procs import free_port
+from tests.moto_s3 import moto_server
 from tests.service.conftest import assert_error, item_rows, make_pool, put_items
 from tests.service.test_import import D, n_items, pool_version, run_import, start, table
 from worker import context
@@ -81,41 +77,14 @@ class S3:
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
     """A moto S3 server on 127.0.0.1 with one bucket (credentials in the environment, as the service takes them)."""
     log_path = tmp_path_factory.mktemp("moto") / "moto.log"
-    port = free_port()
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     env = pytest.MonkeyPatch()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, log_path.read_text()
-                time.sleep(0.1)
-        for key, value in {
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }.items():
-            env.setenv(key, value)
-        s3 = S3(port)
-        s3.fs.create_dir(BUCKET)
-        yield s3
+        with moto_server(log_path, env) as port:
+            s3 = S3(port)
+            s3.fs.create_dir(BUCKET)
+            yield s3
     finally:
         env.undo()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(5)
 
 
 @pytest.fixture

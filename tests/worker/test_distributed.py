@@ -499,12 +499,12 @@ def test_the_pool_fisher_reduction_runs_only_when_cheap_so_more_workers_never_ad
     it on at 10^6 x 256 and their scores pass took 4x as long as 1 worker's)."""
     from worker import distributed_bait
 
-    common = {"task": "classification", "r": 10, "batch_size": 100, "device": "cpu", "n_design": 1000}
-    params = {"prefilter": {"top": 20000, "random": 0}}
-    big = {"n_pool": 1_000_000, "n_cand": 999_000, "d": 256}
+    common: dict[str, Any] = {"task": "classification", "r": 10, "batch_size": 100, "device": "cpu", "n_design": 1000}
+    params: dict[str, Any] = {"prefilter": {"top": 20000, "random": 0}}
+    big: dict[str, Any] = {"n_pool": 1_000_000, "n_cand": 999_000, "d": 256}
     decisions = {w: distributed_bait.plan(params, **common, **big, workers=w)[1] for w in (1, 2, 16)}
     assert decisions == {1: False, 2: False, 16: False}
-    small = {"n_pool": 3000, "n_cand": 2700, "d": 16}
+    small: dict[str, Any] = {"n_pool": 3000, "n_cand": 2700, "d": 16}
     assert distributed_bait.plan(params, **common, **small, workers=2)[1] is True
     # the operator's own budget moves it: a batch that may take an hour affords the reduction on the big pool
     assert distributed_bait.plan({**params, "time_budget_s": 3600}, **common, **big, workers=2)[1] is True

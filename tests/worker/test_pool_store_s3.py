@@ -6,10 +6,6 @@ workers read their shards from the bucket picks what the single-process batch pi
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.main import create_app
-from tests.e2e.procs import free_port
+from tests.moto_s3 import moto_server
 from tests.worker.factories import make_pool
 from tests.worker.test_distributed import POOL, _batch, _change_pool, _local_picks, _settings, _wait, start_cluster
 from tests.worker.test_pool_store import _read_all
@@ -34,40 +30,11 @@ BUCKET = "bait-store"
 @pytest.fixture
 def s3_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 with an empty bucket; the store's URL (credentials in the environment)."""
-    port = free_port()
-    with open(tmp_path / "moto.log", "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, (tmp_path / "moto.log").read_text()
-                time.sleep(0.1)
-        for key, value in {
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }.items():
-            monkeypatch.setenv(key, value)
+    with moto_server(tmp_path / "moto.log", monkeypatch) as port:
         query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
         admin, _ = pafs.FileSystem.from_uri(f"s3://{BUCKET}/?{query}&allow_bucket_creation=true")
         admin.create_dir(BUCKET)
         yield f"s3://{BUCKET}/store?{query}"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(5)
 
 
 def _objects(url: str) -> set[str]:
