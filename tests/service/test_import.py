@@ -173,6 +173,21 @@ def test_glob_data_split_and_existing_ids_update_like_the_bulk_upload(
     assert rows["b"].split == "validation" and rows["a"].split == "train" and rows["c"].split == "train"
 
 
+def _stale_running_import(db: sessionmaker[Session], pool_id: str, source: str, stage: str) -> str:
+    """An import row left running by attempt 1, its heartbeat 30 s old (as a dead worker leaves it)."""
+    now = datetime.now(UTC)
+    with session_scope(db) as s:
+        job = ImportJob(
+            pool_id=pool_id, source=source, status="running", progress_stage=stage,
+            attempts=1, attempt_history=opened(None, 1, now - timedelta(seconds=40), worker_name()),
+            created_at=now - timedelta(seconds=60), started_at=now - timedelta(seconds=40),
+            heartbeat_at=now - timedelta(seconds=30),
+        )  # fmt: skip
+        s.add(job)
+        s.flush()
+        return str(job.id)
+
+
 def test_a_sweep_that_waits_for_an_import_s_commit_never_requeues_the_finished_import(
     client: TestClient, auth: Auth, db: sessionmaker[Session], acme: Path, settings: Settings
 ) -> None:
@@ -180,17 +195,7 @@ def test_a_sweep_that_waits_for_an_import_s_commit_never_requeues_the_finished_i
     goes stale. A recovery sweep that read the row as running before the import committed, then waited for the
     lock, must not re-queue the import once it has succeeded (it did: the import then ran a second time)."""
     pool = make_pool(client, auth, embedding_dim=D)
-    now = datetime.now(UTC)
-    with session_scope(db) as s:
-        job = ImportJob(
-            pool_id=pool["id"], source=f"file://{acme}/ds/", status="running", progress_stage="write",
-            attempts=1, attempt_history=opened(None, 1, now - timedelta(seconds=40), worker_name()),
-            created_at=now - timedelta(seconds=60), started_at=now - timedelta(seconds=40),
-            heartbeat_at=now - timedelta(seconds=30),
-        )  # fmt: skip
-        s.add(job)
-        s.flush()
-        job_id = job.id
+    job_id = _stale_running_import(db, pool["id"], f"file://{acme}/ds/", "write")
     quick = settings.model_copy(update={"job_stale_seconds": 1.0})
     reports: list[Any] = []
     writer = db()
@@ -219,17 +224,7 @@ def test_an_import_whose_worker_died_is_requeued_and_runs_again(
     next attempt imports everything once."""
     pool = make_pool(client, auth, embedding_dim=D)
     dataset(acme / "ds", files=2, rows=20)
-    now = datetime.now(UTC)
-    with session_scope(db) as s:
-        job = ImportJob(
-            pool_id=pool["id"], source=f"file://{acme}/ds/", status="running", progress_stage="validate",
-            attempts=1, attempt_history=opened(None, 1, now - timedelta(seconds=40), worker_name()),
-            created_at=now - timedelta(seconds=60), started_at=now - timedelta(seconds=40),
-            heartbeat_at=now - timedelta(seconds=30),
-        )  # fmt: skip
-        s.add(job)
-        s.flush()
-        job_id = job.id
+    job_id = _stale_running_import(db, pool["id"], f"file://{acme}/ds/", "validate")
     quick = settings.model_copy(update={"job_stale_seconds": 1.0})
     report = recover_jobs(db, client.app.state.queue, quick, assume_dead=False)  # type: ignore[attr-defined]
     assert report.requeued == [job_id]
