@@ -14,8 +14,9 @@ Each batch is cancelled after it is timed, so every row selects from the same po
 picks equal the single-process picks. With the default plan they differ wherever the plan pre-filters with a
 random stratum (the cluster draws it by item id, the single process by row: both uniform, not the same sample);
 ``--prefilter-top`` gives both paths the same score-only pre-filter. The peak resident memory (``VmHWM``) of the
-api process (where the job runs) and of each Dask worker is printed at the end. Everything is written under a
-temporary folder and removed.
+api process (where the job runs) and of each Dask worker during each cluster row is printed at the end (each
+process's peak is reset through ``/proc/PID/clear_refs`` before a row, so a warm row's figure is not the cold
+row's store writing). Everything is written under a temporary folder and removed.
 
     python bench/distributed_scale.py                      # 10^5 x 128, k = 10, B = 100, workers 2 and 1
     python bench/distributed_scale.py --n 1000000 --workers 2,1
@@ -39,6 +40,7 @@ checkpointed: with the source and the store the 10^7 x 768 run needs PostgreSQL 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -225,6 +227,13 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def reset_peak(pid: int) -> None:
+    """Start the process's ``VmHWM`` again from its current resident set (``/proc/PID/clear_refs``), so the next
+    reading is the peak of what ran since (plus whatever the process kept from before)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def timed_bait(ctx: BenchContext, pool: str, size: int, params: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """Seconds from POST to ``succeeded`` of a ``bait`` batch with ``params`` (a fixed seed), and the batch (then
     cancelled)."""
@@ -327,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     rows: list[Row] = []
     peaks: dict[str, float | None] = {}
+    row_peak: dict[str, list[tuple[str, float | None]]] = {}
     passes: dict[int, float] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bait-dist-bench-") as tmp,
@@ -367,7 +377,20 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["BAIT_DASK_SCHEDULER"] = cluster.address
             with api_server(url) as base, httpx.Client(base_url=base, timeout=3600) as client:
                 ctx = BenchContext(client, auth, args.n, args.d, args.smoke, description)
+                server_pids = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in " ".join(p.cmdline())]
+
+                def row_peaks(label: str) -> None:
+                    """The peaks of the row just timed (each process's ``VmHWM`` was reset before it)."""
+                    got = [(f"api + job (pid {pid})", peak_rss_mb(pid)) for pid in server_pids]
+                    got += [(f"dask worker w{i}", peak_rss_mb(proc.pid)) for i, proc in enumerate(cluster.workers)]
+                    row_peak[label] = got
+                    for pid in [*server_pids, *(proc.pid for proc in cluster.workers)]:
+                        reset_peak(pid)
+
+                for pid in [*server_pids, *(proc.pid for proc in cluster.workers)]:
+                    reset_peak(pid)
                 seconds, batch = timed_bait(ctx, pool, args.size, params)
+                row_peaks("dask, store cold (writes it)")
                 baseline = local["item_ids"] if local is not None else None
                 rows.append(Row("dask, store cold (writes it)", args.n, seconds, note=stage_note(batch, baseline)))
                 if baseline is None:
@@ -378,16 +401,14 @@ def main(argv: list[str] | None = None) -> int:
                             cluster.workers[-1].pid
                         )
                         cluster.stop_worker()
+                    for pid in [*server_pids, *(proc.pid for proc in cluster.workers)]:
+                        reset_peak(pid)
                     seconds, batch = timed_bait(ctx, pool, args.size, params)
                     label = f"dask, {count} worker{'s' if count > 1 else ''}, store warm"
+                    row_peaks(label)
                     rows.append(Row(label, args.n, seconds, note=stage_note(batch, baseline)))
                     passes[count] = float(((batch["diagnostics"].get("selection") or {}).get("cluster") or {})
                                           .get("timings", {}).get("passes", 0.0))  # fmt: skip
-                server_pids = [p.pid for p in _children_of(os.getpid()) if "uvicorn" in " ".join(p.cmdline())]
-                for pid in server_pids:
-                    peaks[f"api + job (pid {pid})"] = peak_rss_mb(pid)
-                for i, proc in enumerate(cluster.workers):
-                    peaks[f"dask worker w{i}"] = peak_rss_mb(proc.pid)
         finally:
             cluster.close()
             os.environ.pop("BAIT_DASK_SCHEDULER", None)
@@ -397,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     print("peak resident memory (VmHWM, MB; the first api process, which ran the local row, is not shown):")
     for name, mb in peaks.items():
         print(f"  {name:32} {mb:,.0f}" if mb is not None else f"  {name:32} (exited)")
+    for label, got in row_peak.items():
+        print(f"  during '{label}' (each peak reset before the row):")
+        for name, mb in got:
+            print(f"    {name:30} {mb:,.0f}" if mb is not None else f"    {name:30} (exited)")
     if 1 in passes and len(passes) > 1:
         for count, seconds in sorted(passes.items()):
             if count > 1 and seconds > 0:

@@ -28,6 +28,16 @@ Equality with single-process BAIT (:func:`selection.bait.bait` with a pre-filter
 * A shard's best ``N`` by score and its ``N + M`` smallest keys are enough: a candidate of the global random
   stratum has fewer than ``N + M`` candidates of its shard with a smaller key (at most ``N`` of them in the score
   stratum, fewer than ``M`` in the random one).
+
+The merge is bounded: when ``N + M`` exceeds a shard's rows, those lists are the whole shard, and shipping every
+list to one process would pass the whole pool's ids, scores and keys through it. So the lists stay where they
+were computed and travel in two rounds (:func:`sketch_of`, :func:`thresholds`, :func:`above`): first every
+``s``-th entry of each list (``s`` about the square root of its length, :func:`sketch_step`), from which the job
+finds a score ``tau`` that at least ``N`` candidates reach and a key ``kappa`` that at least ``N + M`` candidates
+stay under; then only the entries of each list at or past those bounds. A shard sends at most ``s`` entries
+beyond its share, and :func:`merge_scores` over what was sent gives exactly what it gives over the whole lists
+(the global ``N``-th best score is at least ``tau``; of the candidates with a key up to ``kappa`` at most ``N``
+are in the score stratum, so the ``M`` smallest keys outside it are at most ``kappa``).
 """
 
 from __future__ import annotations
@@ -216,6 +226,119 @@ def merge_scores(parts: Sequence[ShardScores], prefilter: Prefilter) -> Kept:
     rand = k_ids[np.lexsort((k_ids, keys))[:n_rand]]
     weight = (n_c - n_top) / n_rand if n_rand > 0 else 0.0
     return Kept(top=np.sort(top), random=np.sort(rand), weight=weight, candidates=n_c)
+
+
+@dataclass
+class ShardSketch:
+    """Every ``step``-th entry of a shard's two candidate lists, and each list's last entry: ``score_marks``
+    (descending, ``top_scores[0], top_scores[step], ..., top_scores[-1]``) and ``key_marks`` (ascending, from
+    ``keys``), with the lists' lengths, so a lower bound on how many entries reach a value can be read off."""
+
+    score_marks: np.ndarray
+    key_marks: np.ndarray
+    n_top: int
+    n_keys: int
+    step: int
+    rows: int
+    candidates: int
+
+
+def sketch_step(length: int) -> int:
+    """The sketch's stride for a list of ``length`` entries: about its square root, which balances the sketch
+    (``length / step`` entries) against what a shard may send beyond its share in the second round (``step``)."""
+    return max(1, int(np.sqrt(max(length, 1))))
+
+
+def _marks(values: np.ndarray, step: int) -> np.ndarray:
+    if not values.size:
+        return values[:0].copy()
+    pos = np.arange(0, values.shape[0], step)
+    if pos[-1] != values.shape[0] - 1:
+        pos = np.append(pos, values.shape[0] - 1)
+    return np.ascontiguousarray(values[pos])
+
+
+def sketch_of(part: ShardScores) -> ShardSketch:
+    """The first round of the bounded merge: a shard's lists, thinned (see :class:`ShardSketch`)."""
+    step = sketch_step(max(part.top_scores.shape[0], part.keys.shape[0]))
+    return ShardSketch(
+        score_marks=_marks(part.top_scores, step),
+        key_marks=_marks(part.keys, step),
+        n_top=int(part.top_scores.shape[0]),
+        n_keys=int(part.keys.shape[0]),
+        step=step,
+        rows=part.rows,
+        candidates=part.candidates,
+    )
+
+
+def _at_least(length: int, step: int, n_marks: int, reached: int) -> int:
+    """A lower bound on how many entries of a list of ``length`` reach a value that ``reached`` of its
+    ``n_marks`` marks reach (they form a prefix): all of them when the last mark does, else the last reached
+    mark's rank plus one."""
+    if reached == 0:
+        return 0
+    return length if reached == n_marks else (reached - 1) * step + 1
+
+
+def _lower_bound(sketches: Sequence[ShardSketch], value: float, scores: bool) -> int:
+    total = 0
+    for sk in sketches:
+        if scores:
+            reached = int(np.count_nonzero(sk.score_marks >= value))
+            total += _at_least(sk.n_top, sk.step, int(sk.score_marks.shape[0]), reached)
+        else:
+            reached = int(np.count_nonzero(sk.key_marks <= value))
+            total += _at_least(sk.n_keys, sk.step, int(sk.key_marks.shape[0]), reached)
+    return total
+
+
+def thresholds(sketches: Sequence[ShardSketch], prefilter: Prefilter) -> tuple[float, float]:
+    """The second round's bounds ``(tau, kappa)``: the largest mark that at least ``min(top, n_C)`` list entries
+    reach by score (``+inf`` when no score stratum), and the smallest mark that at least
+    ``min(top + random, n_C)`` entries stay under by key (``-inf`` when no random stratum)."""
+    n_c = sum(sk.candidates for sk in sketches)
+    n_top = min(prefilter.top, n_c)
+    n_rand = min(prefilter.random, n_c - n_top)
+    tau, kappa = float("inf"), float("-inf")
+    if n_top > 0:
+        values = np.unique(np.concatenate([sk.score_marks for sk in sketches]))[::-1]  # descending
+        lo, hi = 0, values.shape[0] - 1  # the first (largest) value whose bound reaches n_top
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _lower_bound(sketches, float(values[mid]), True) >= n_top:
+                hi = mid
+            else:
+                lo = mid + 1
+        tau = float(values[lo])
+    if n_rand > 0:
+        need = n_top + n_rand
+        values = np.unique(np.concatenate([sk.key_marks for sk in sketches]))  # ascending
+        lo, hi = 0, values.shape[0] - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _lower_bound(sketches, float(values[mid]), False) >= need:
+                hi = mid
+            else:
+                lo = mid + 1
+        kappa = float(values[lo])
+    return tau, kappa
+
+
+def above(part: ShardScores, tau: float, kappa: float) -> ShardScores:
+    """The second round of the bounded merge: the shard's list entries with a score of at least ``tau`` and
+    with a key of at most ``kappa`` (no Fisher sum)."""
+    t = part.top_scores >= tau
+    k = part.keys <= kappa
+    return ShardScores(
+        top_ids=part.top_ids[t],
+        top_scores=part.top_scores[t],
+        key_ids=part.key_ids[k],
+        keys=part.keys[k],
+        rows=part.rows,
+        candidates=part.candidates,
+        fisher=None,
+    )
 
 
 def stratum_weights(rows: np.ndarray, kept: Kept) -> np.ndarray:

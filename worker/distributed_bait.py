@@ -36,12 +36,16 @@ from selection.bait_passes import (
     Kept,
     ShardRows,
     ShardScores,
+    ShardSketch,
+    above,
     add_fisher,
     keep_ladder,
     merge_scores,
     shard_rows,
     shard_scores,
+    sketch_of,
     split_keep,
+    thresholds,
 )
 from selection.calibrate import machine_rates
 from selection.heads import load_checkpoint
@@ -93,10 +97,14 @@ def scores_task(
 
 
 def summary_of(result: dict[str, Any]) -> dict[str, Any]:
-    """A scores task's result without its Fisher sum (what travels to the job's process)."""
-    part: ShardScores = result["part"]
-    slim = ShardScores(part.top_ids, part.top_scores, part.key_ids, part.keys, part.rows, part.candidates, None)
-    return {**result, "part": slim}
+    """A scores task's result as the first round of the bounded merge sends it to the job's process: its
+    lists' sketch (:func:`selection.bait_passes.sketch_of`) and its timings, no ids and no Fisher sum."""
+    return {**result, "part": sketch_of(result["part"])}
+
+
+def above_of(result: dict[str, Any], tau: float, kappa: float) -> ShardScores:
+    """A scores task's list entries at or past the merge's bounds (the second round of the bounded merge)."""
+    return above(result["part"], tau, kappa)
 
 
 def fisher_of(result: dict[str, Any]) -> np.ndarray:
@@ -165,6 +173,7 @@ class _PassLog:
     bytes_read: dict[str, int] = field(default_factory=dict)
     tasks: dict[str, int] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
+    merged: dict[str, int] = field(default_factory=dict)
 
     def stage(self, name: str, results: list[dict[str, Any]], n_tasks: int) -> None:
         self.timings[f"{name}_read_sum"] = float(sum(r["read_s"] for r in results))
@@ -213,15 +222,31 @@ def _scores_pass(
         root, n_adds = _tree(client, leaves, run)
     results = wait(summaries, progress)
     log.timings["scores"] = time.perf_counter() - t0
+    # the bounded merge: the lists stay on the workers; only the entries past the sketches' bounds travel
+    t = time.perf_counter()
+    sketches: list[ShardSketch] = [r["part"] for r in results]
+    tau, kappa = thresholds(sketches, prefilter)
+    sent = [
+        client.submit(above_of, f, tau, kappa, key=f"bait-above-{run}-{i:05d}", retries=TASK_RETRIES, pure=False)
+        for i, f in enumerate(futures)
+    ]
+    parts: list[ShardScores] = wait(sent, None)
+    del sent
+    kept = merge_scores(parts, prefilter)
+    log.timings["merge"] = time.perf_counter() - t
+    log.merged = {
+        "sketch_entries": int(sum(sk.score_marks.shape[0] + sk.key_marks.shape[0] for sk in sketches)),
+        "entries_sent": int(sum(p.top_ids.shape[0] + p.key_ids.shape[0] for p in parts)),
+        "entries_listed": int(sum(sk.n_top + sk.n_keys for sk in sketches)),
+    }
+    del parts
     t = time.perf_counter()
     fisher_sum = None if root is None else np.asarray(wait([root], None)[0])
     log.timings["fisher_reduce_wait"] = time.perf_counter() - t
     del futures, summaries, root
-    t = time.perf_counter()
-    kept = merge_scores([r["part"] for r in results], prefilter)
-    log.timings["merge"] = time.perf_counter() - t
     log.stage("scores", results, len(manifest.shards))
     log.tasks["fisher_reduce"] = n_adds
+    log.tasks["merge"] = len(manifest.shards)
     return kept, fisher_sum
 
 
@@ -335,6 +360,8 @@ def gather_bait(
         "bytes_read": {**log.bytes_read, "shards": int(sum(log.bytes_read.values()))},
         "timings": {**log.timings, "passes": time.perf_counter() - t0},
     }
+    if log.merged:
+        diagnostics["merge"] = log.merged
     return Gathered(
         ids=ids[order],
         external_ids=[external[int(i)] for i in order],

@@ -4,6 +4,8 @@ single-process BAIT picks with the same pre-filter, for several shard layouts, i
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,8 @@ import selection
 from selection.bait.approx import Prefilter, prefilter_candidates
 from selection.bait_passes import (
     Kept,
+    ShardScores,
+    above,
     add_fisher,
     head_rows,
     item_keys,
@@ -19,7 +23,9 @@ from selection.bait_passes import (
     objective_with_fisher,
     shard_rows,
     shard_scores,
+    sketch_of,
     stratum_weights,
+    thresholds,
     tree_sum,
 )
 from selection.errors import ParameterError
@@ -271,3 +277,58 @@ def test_cluster_bait_picks_what_single_process_bait_picks(
         w_picked=10 / 35,
     )
     assert objective == pytest.approx(exact, rel=1e-9)
+
+
+def _lists(ids: np.ndarray, scores: np.ndarray, keys: np.ndarray, pf: Prefilter) -> ShardScores:
+    """A shard's two candidate lists as :func:`shard_scores` builds them, from given scores and keys."""
+    top = np.lexsort((ids, -scores))[: pf.top]
+    low = np.lexsort((ids, keys))[: pf.top + pf.random]
+    return ShardScores(ids[top], scores[top], ids[low], keys[low], int(ids.shape[0]), int(ids.shape[0]))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize(("top", "random"), [(300, 200), (5000, 0), (0, 700), (40, 25), (9000, 9000)])
+def test_bounded_merge_equals_the_merge_of_whole_lists_and_sends_little(ties: bool, top: int, random: int) -> None:
+    """The two rounds (sketch, then the entries past the bounds) give the merge of every shard's whole lists, and
+    send at most the strata plus two sketch strides a shard; scores with many exact ties included."""
+    rng = np.random.default_rng(top + random + ties)
+    n = 8000
+    ids = np.sort(rng.choice(10 * n, size=n, replace=False)).astype(np.int64)
+    scores = rng.normal(size=n)
+    if ties:
+        scores = np.round(scores, 1)  # about 60 distinct values: ties everywhere, across shards too
+    keys = item_keys(3, ids)
+    pf = Prefilter(top=top, random=random)
+    for sizes in ([n], [1000] * 8, [1, 2999, 17, 4983], [250] * 32):
+        bounds = np.cumsum([0, *sizes])
+        parts = [_lists(ids[a:b], scores[a:b], keys[a:b], pf) for a, b in itertools.pairwise(bounds)]
+        whole = merge_scores(parts, pf)
+        sketches = [sketch_of(p) for p in parts]
+        tau, kappa = thresholds(sketches, pf)
+        sent = [above(p, tau, kappa) for p in parts]
+        got = merge_scores(sent, pf)
+        assert got.top.tolist() == whole.top.tolist(), sizes
+        assert got.random.tolist() == whole.random.tolist(), sizes
+        assert got.weight == whole.weight and got.candidates == whole.candidates == n
+        strides = sum(2 * sk.step for sk in sketches)
+        tied = int(np.count_nonzero(scores == tau))  # every row tied at the bound travels: the merge needs it
+        assert sum(s.top_ids.shape[0] for s in sent) <= min(top, n) + strides + tied
+        assert sum(s.key_ids.shape[0] for s in sent) <= min(top + random, n) + strides
+        if random == 0:
+            assert all(s.key_ids.size == 0 for s in sent)  # no random stratum: no key travels
+        if top == 0:
+            assert all(s.top_ids.size == 0 for s in sent)
+        marks = sum(sk.score_marks.shape[0] + sk.key_marks.shape[0] for sk in sketches)
+        listed = sum(p.top_ids.shape[0] + p.key_ids.shape[0] for p in parts)
+        assert marks <= listed // 8 + 4 * len(parts)  # the sketch is a small part of the lists
+
+
+def test_sketch_marks_every_step_and_the_last_entry() -> None:
+    part = _lists(np.arange(10, dtype=np.int64), np.arange(10.0)[::-1].copy(), np.arange(10) / 10.0, Prefilter(10, 0))
+    sk = sketch_of(part)
+    assert sk.step == 3 and sk.score_marks.tolist() == [9.0, 6.0, 3.0, 0.0] and sk.n_top == 10
+    assert sk.key_marks.tolist() == [0.0, 0.3, 0.6, 0.9]
+    # a bound of 7 entries: the mark at rank 6 reaches it, the last one does not
+    assert thresholds([sk], Prefilter(7, 0)) == (3.0, float("-inf"))
+    assert thresholds([sk], Prefilter(2, 0))[0] == 6.0  # 4 reached (ranks 0..3 at >= 6.0): enough for 2
+    assert thresholds([sk], Prefilter(0, 3)) == (float("inf"), 0.3)

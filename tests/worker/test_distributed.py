@@ -451,6 +451,11 @@ def test_bait_on_the_cluster_picks_what_the_single_process_batch_picks(
                 assert (kept["top"], kept["random"]) == tuple(cases[name]["prefilter"].values())
                 # only the kept candidates and the design travel to the job
                 assert sel["cluster"]["rows_gathered"] == kept["top"] + kept["random"] + BAIT_POOL["n_labeled"]
+                # the bounded merge: of the shards' lists, the sketches and the entries past their bounds travel
+                merge = sel["cluster"]["merge"]
+                assert stages["merge"] == 6
+                assert kept["top"] + kept["random"] <= merge["entries_sent"] <= merge["entries_listed"] // 3
+                assert 0 < merge["sketch_entries"] <= merge["entries_listed"] // 8
     # the same items as the single-process batch, and the same objective over the whole pool (float32 pipeline:
     # the head's forward pass of a row may differ in its last bits between a shard's chunk and the pool's)
     for name in ("auto", "top"):
