@@ -167,6 +167,7 @@ def select(
     dtype: Any = None,
     chunk_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    row_ids: Any = None,
     **params: Any,
 ) -> SelectionResult:
     """Select ``batch_size`` pool rows to label next.
@@ -189,6 +190,9 @@ def select(
             ``"float64"`` or a torch/numpy float dtype.
         chunk_size: rows per chunk when streaming over the pool (bounds memory); ``None`` = 8192.
         progress: optional ``callback(done, total)`` called by long-running strategies.
+        row_ids: optional ``n`` distinct non-negative integer ids of the rows (e.g. your item ids). BAIT's
+            pre-filter then draws its random stratum by id, so the same pool sharded differently (the
+            service's Dask path) keeps the same rows; ``None``: drawn by row position.
         **params: strategy parameters (see ``STRATEGIES[strategy].params``).
 
     Returns:
@@ -223,6 +227,7 @@ def select(
         chunk_size=chunk_size,
         progress=progress,
         needs_probs="probs" in strat.inputs,
+        row_ids=row_ids,
     )
     t1 = time.perf_counter()
     with torch.no_grad():

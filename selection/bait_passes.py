@@ -21,10 +21,11 @@ Equality with single-process BAIT (:func:`selection.bait.bait` with a pre-filter
 * The random stratum is drawn by item id, not by a permutation of row positions: every candidate draws the key
   :func:`item_keys` ``(seed, item id)`` and the stratum is the ``M`` candidates outside the score stratum of
   smallest key. It is a uniform sample without replacement of the other candidates, the same whatever the shard
-  layout and whichever worker runs which shard, but not the sample :func:`selection.bait.approx.prefilter_candidates`
-  draws with the same seed. Everything else (the stratified Fisher weights ``(n_C - N) / M``, the greedy) is
-  the single-process code on the same rows, so with ``M = 0``, or with every candidate kept, the picks are
-  the single-process picks.
+  layout and whichever worker runs which shard, and the sample
+  :func:`selection.bait.approx.prefilter_candidates` draws when it is given the rows' ids (``row_ids``, as the
+  service's single-process batch gives its item ids). Everything else (the stratified Fisher weights
+  ``(n_C - N) / M``, the greedy) is the single-process code on the same rows, so the picks are the
+  single-process picks (without ``row_ids`` the single process draws another uniform sample).
 * A shard's best ``N`` by score and its ``N + M`` smallest keys are enough: a candidate of the global random
   stratum has fewer than ``N + M`` candidates of its shard with a smaller key (at most ``N`` of them in the score
   stratum, fewer than ``M`` in the random one).
@@ -48,35 +49,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from selection.bait.approx import Prefilter, prefilter_scores
+from selection.bait.approx import Prefilter, item_keys, prefilter_scores
 from selection.errors import ParameterError
 from selection.fisher import kron_sum, reduced_rank
 from selection.heads import TrainedHead, predict
 from selection.validation import check_probs
 
 Tensor = torch.Tensor
-
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser of ``z`` (uint64, wrapping)."""
-    with np.errstate(over="ignore"):
-        z = (z + np.uint64(0x9E3779B97F4A7C15)) & _MASK64
-        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
-        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
-        return z ^ (z >> np.uint64(31))
-
-
-def item_keys(seed: int, item_ids: np.ndarray) -> np.ndarray:
-    """``(m,)`` float64 keys in ``[0, 1)``, a function of ``(seed, item id)`` only (splitmix64 of the id mixed with
-    the seed's): the random stratum of a pre-filter, the same whatever the shard layout."""
-    if seed < 0:
-        raise ParameterError("seed must be non-negative")
-    ids = np.asarray(item_ids, dtype=np.int64).astype(np.uint64)
-    mixed = _splitmix64(np.asarray([seed], dtype=np.uint64))[0]
-    bits = _splitmix64(ids ^ mixed)
-    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 @dataclass

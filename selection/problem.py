@@ -36,6 +36,9 @@ class Problem:
         seed: seed for any randomness (use :meth:`generator`).
         chunk_size: rows per chunk when streaming over the pool.
         progress: optional ``callback(done, total)``.
+        row_ids: ``(n,)`` int64 stable ids of the rows (e.g. the service's item ids), or ``None``. A pre-filter's
+            random stratum is then drawn by id (:func:`selection.bait.approx.item_keys`), so it is the same
+            sample whichever process holds which rows (a Dask cluster's shards draw it the same way).
     """
 
     X: torch.Tensor
@@ -48,6 +51,7 @@ class Problem:
     seed: int = 0
     chunk_size: int = 8192
     progress: ProgressFn | None = None
+    row_ids: np.ndarray | None = None
 
     @property
     def n(self) -> int:

@@ -297,6 +297,24 @@ def check_task(task: Any) -> Task:
     return task
 
 
+def check_row_ids(row_ids: Any, n: int) -> np.ndarray | None:
+    """``row_ids`` as an ``(n,)`` int64 array of distinct non-negative ids, or ``None``."""
+    if row_ids is None:
+        return None
+    try:
+        ids = np.asarray(row_ids.detach().cpu() if isinstance(row_ids, torch.Tensor) else row_ids)
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(f"row_ids must be an array of {n} integer ids: {exc}") from exc
+    if ids.ndim != 1 or ids.shape[0] != n:
+        raise ParameterError(f"row_ids must have shape ({n},), got {ids.shape}")
+    if n and (not np.issubdtype(ids.dtype, np.integer) or int(ids.min()) < 0):
+        raise ParameterError("row_ids must be non-negative integers")
+    ids = ids.astype(np.int64)
+    if np.unique(ids).shape[0] != n:
+        raise ParameterError("row_ids must be distinct")
+    return ids
+
+
 def build_problem(
     *,
     embeddings: Any,
@@ -311,6 +329,7 @@ def build_problem(
     chunk_size: Any,
     progress: Callable[[int, int], None] | None,
     needs_probs: bool = True,
+    row_ids: Any = None,
 ) -> Problem:
     """Convert and validate everything :func:`selection.select` receives into a :class:`Problem`.
 
@@ -327,6 +346,7 @@ def build_problem(
         chunk_size: positive rows per chunk, or ``None`` for the default.
         progress: ``None`` or ``callback(done, total)``.
         needs_probs: whether the strategy reads ``probs`` (if not, classification accepts ``None``).
+        row_ids: ``None`` or ``n`` distinct non-negative integer ids of the rows (see :class:`Problem`).
 
     Returns:
         The validated problem.
@@ -378,4 +398,5 @@ def build_problem(
         seed=seed_,
         chunk_size=chunk,
         progress=progress,
+        row_ids=check_row_ids(row_ids, n),
     )

@@ -337,6 +337,7 @@ def _select_and_store(
                     external_ids=data.external_ids,
                     exclude=spec.params.get(EXCLUDE_OUTLIERS) is True,
                     seed=spec.seed,
+                    row_ids=data.item_ids,
                 )
                 timings["select"] += time.perf_counter() - t
                 noted = {**chosen, "outliers": outliers}

@@ -94,18 +94,20 @@ def select_checked(
     external_ids: Sequence[str],
     exclude: bool,
     seed: int,
+    row_ids: np.ndarray | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Run ``run(embeddings=, probs=, labeled=, reserved=)`` (a bound ``selection.select``) with the outlier
-    check; returns the result (indices into the full pool) and ``diagnostics.outliers``.
+    """Run ``run(embeddings=, probs=, labeled=, reserved=, row_ids=)`` (a bound ``selection.select``) with the
+    outlier check; returns the result (indices into the full pool) and ``diagnostics.outliers``.
 
     ``raw``: the pool's own embeddings (``None`` when the strategy loaded none: nothing is checked).
+    ``row_ids``: the rows' item ids (BAIT's pre-filter draws its random stratum by them), or ``None``.
     """
     if raw is None:
-        out = run(embeddings=features, probs=probs, labeled=labeled, reserved=reserved)
+        out = run(embeddings=features, probs=probs, labeled=labeled, reserved=reserved, row_ids=row_ids)
         return out, dict(NOT_CHECKED)
     n = raw.shape[0]
     if not exclude:
-        out = run(embeddings=features, probs=probs, labeled=labeled, reserved=reserved)
+        out = run(embeddings=features, probs=probs, labeled=labeled, reserved=reserved, row_ids=row_ids)
         rep = robust_outliers(raw, out.indices, seed=seed)
         items = [
             {"item_id": external_ids[int(r)], "distance": float(d)}
@@ -124,6 +126,7 @@ def select_checked(
         probs=_index(probs, keep),
         labeled=np.searchsorted(keep, labeled),
         reserved=np.searchsorted(keep, reserved),
+        row_ids=None if row_ids is None else row_ids[keep],
     )
     out.indices = keep[out.indices]
     auto = out.diagnostics.get("auto")

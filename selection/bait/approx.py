@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from selection.errors import ParameterError
@@ -270,8 +271,38 @@ def prefilter_scores(x: Tensor, probs: Tensor | None, kind: str, chunk_size: int
     return out
 
 
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser of ``z`` (uint64, wrapping)."""
+    with np.errstate(over="ignore"):
+        z = (z + np.uint64(0x9E3779B97F4A7C15)) & _MASK64
+        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
+        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
+        return z ^ (z >> np.uint64(31))
+
+
+def item_keys(seed: int, item_ids: np.ndarray) -> np.ndarray:
+    """``(m,)`` float64 keys in ``[0, 1)``, a function of ``(seed, item id)`` only (splitmix64 of the id mixed with
+    the seed's): the random stratum of a pre-filter, the same whatever the shard layout."""
+    if seed < 0:
+        raise ParameterError("seed must be non-negative")
+    ids = np.asarray(item_ids, dtype=np.int64).astype(np.uint64)
+    mixed = _splitmix64(np.asarray([seed], dtype=np.uint64))[0]
+    bits = _splitmix64(ids ^ mixed)
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def prefilter_candidates(
-    x: Tensor, probs: Tensor | None, candidates: Tensor, spec: Prefilter, *, seed: int, chunk_size: int
+    x: Tensor,
+    probs: Tensor | None,
+    candidates: Tensor,
+    spec: Prefilter,
+    *,
+    seed: int,
+    chunk_size: int,
+    row_ids: np.ndarray | None = None,
 ) -> tuple[Tensor, Tensor, float]:
     """Rows kept by the pre-filter.
 
@@ -282,6 +313,9 @@ def prefilter_candidates(
         spec: the pre-filter.
         seed: the draw's seed when ``spec.seed`` is ``None``.
         chunk_size: rows per chunk of the scores.
+        row_ids: ``(n,)`` int64 ids of the rows, or ``None``. With ids the random stratum is the ``M`` other
+            candidates of smallest :func:`item_keys` ``(seed, id)`` (ties to the lowest id), the sample a
+            sharded pool draws; without, a seeded permutation of the other candidates' positions.
 
     Returns:
         ``(top_rows, random_rows, random_weight)``: sorted pool rows of each stratum and the weight
@@ -296,9 +330,15 @@ def prefilter_candidates(
     top_pos = order[:n_top]
     rest_pos = order[n_top:]
     n_rand = min(spec.random, int(rest_pos.numel()))
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(int(seed if spec.seed is None else spec.seed))
-    pick = torch.randperm(int(rest_pos.numel()), generator=gen)[:n_rand].to(candidates.device)
+    draw_seed = int(seed if spec.seed is None else spec.seed)
+    if row_ids is not None:
+        rest_ids = row_ids[candidates[rest_pos].cpu().numpy()]
+        low = np.lexsort((rest_ids, item_keys(draw_seed, rest_ids)))[:n_rand]
+        pick = torch.as_tensor(low, dtype=torch.int64).to(candidates.device)
+    else:
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(draw_seed)
+        pick = torch.randperm(int(rest_pos.numel()), generator=gen)[:n_rand].to(candidates.device)
     rand_pos = rest_pos[pick]
     weight = (n_c - n_top) / n_rand if n_rand > 0 else 0.0
     return torch.sort(candidates[top_pos]).values, torch.sort(candidates[rand_pos]).values, weight

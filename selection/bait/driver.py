@@ -115,7 +115,13 @@ def _check_fisher_weights(weights: Any, problem: Problem) -> Tensor | None:
 def _prefiltered(problem: Problem, pf: Prefilter, weights: Tensor | None) -> tuple[Problem, Tensor, Tensor, int]:
     """The sub-problem of design rows plus kept candidates, its stratified Fisher weights and row map."""
     top_rows, rand_rows, w_rand = prefilter_candidates(
-        problem.X, problem.probs, problem.candidates, pf, seed=problem.seed, chunk_size=problem.chunk_size
+        problem.X,
+        problem.probs,
+        problem.candidates,
+        pf,
+        seed=problem.seed,
+        chunk_size=problem.chunk_size,
+        row_ids=problem.row_ids,
     )
     design = problem.in_design
     keep = torch.sort(torch.cat([top_rows, rand_rows])).values
@@ -135,6 +141,7 @@ def _prefiltered(problem: Problem, pf: Prefilter, weights: Tensor | None) -> tup
         seed=problem.seed,
         chunk_size=problem.chunk_size,
         progress=problem.progress,
+        row_ids=None if problem.row_ids is None else problem.row_ids[rows.cpu().numpy()],
     )
     return sub, w / w.sum(), rows, int(top_rows.numel())
 
@@ -331,6 +338,7 @@ def _map_prefiltered(
         diag["forward_indices"] = rows_map[torch.as_tensor(diag["forward_indices"])].cpu().tolist()
     approx_info["prefilter"]["kept_top"] = n_top
     approx_info["prefilter"]["kept_random"] = n_kept - n_top
+    approx_info["prefilter"]["random_drawn_by"] = "position" if problem.row_ids is None else "row_ids"
     objective = out.objective
     if mode != "logdet" and objective is not None:
         diag["prefiltered_objective"] = objective

@@ -277,6 +277,13 @@ def test_cluster_bait_picks_what_single_process_bait_picks(
         w_picked=10 / 35,
     )
     assert objective == pytest.approx(exact, rel=1e-9)
+    # the single process given the rows' ids draws the same random stratum: the same picks, whatever the layout
+    by_id = single(prefilter={"top": 80, "random": 60}, row_ids=IDS)
+    assert ids.tolist() == IDS[by_id.indices].tolist()
+    by_row = single(prefilter={"top": 80, "random": 60})  # without ids: a permutation of positions, another sample
+    drawn = [r.diagnostics["approximation"]["prefilter"] for r in (by_id, by_row)]
+    assert [d["kept_random"] for d in drawn] == [60, 60]
+    assert [d["random_drawn_by"] for d in drawn] == ["row_ids", "position"]
 
 
 def _lists(ids: np.ndarray, scores: np.ndarray, keys: np.ndarray, pf: Prefilter) -> ShardScores:
@@ -332,3 +339,15 @@ def test_sketch_marks_every_step_and_the_last_entry() -> None:
     assert thresholds([sk], Prefilter(7, 0)) == (3.0, float("-inf"))
     assert thresholds([sk], Prefilter(2, 0))[0] == 6.0  # 4 reached (ranks 0..3 at >= 6.0): enough for 2
     assert thresholds([sk], Prefilter(0, 3)) == (float("inf"), 0.3)
+
+
+def test_row_ids_are_checked() -> None:
+    X = np.random.default_rng(0).normal(size=(6, 3))
+    probs = np.full((6, 2), 0.5)
+    kw: dict[str, object] = {"embeddings": X, "probs": probs, "labeled": [0, 1], "batch_size": 2}
+    for bad, match in (([1, 2, 3], "shape"), ([0, 1, 2, 3, 4, 4], "distinct"), ([0, 1, 2, 3, 4, -5], "non-negative"),
+                       ([0.5, 1, 2, 3, 4, 5], "integers"), ("abcdef", "shape")):  # fmt: skip
+        with pytest.raises(ParameterError, match=match):
+            selection.select("bait", row_ids=bad, **kw)  # type: ignore[arg-type]
+    ok = selection.select("bait", row_ids=np.array([9, 3, 7, 1, 5, 11]), **kw)  # type: ignore[arg-type]
+    assert ok.indices.shape == (2,)

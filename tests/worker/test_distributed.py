@@ -415,13 +415,14 @@ def test_bait_on_the_cluster_picks_what_the_single_process_batch_picks(
         "strata": {"prefilter": {"top": 300, "random": 200}},
     }
     local: dict[str, dict[str, Any]] = {}
+    local_pool: dict[str, str] = {}
     with TestClient(create_app(settings)) as app:
         for name, params in cases.items():
             data = make_pool(db, name=f"local-bait-{name}", **BAIT_POOL)
             batch = _wait(app, settings, auth, data.pool_id, _bait_batch(app, auth, data.pool_id, params))
             assert batch["status"] == "succeeded", batch["error"]
             assert batch["diagnostics"]["engine"] == "local"
-            local[name] = batch
+            local[name], local_pool[name] = batch, data.pool_id
     dask_settings = _settings(settings, tmp_path / "store", dask_scheduler=cluster.address, pool_store_shard_rows=500)
     with TestClient(create_app(dask_settings)) as app:
         runs: dict[str, list[dict[str, Any]]] = {}
@@ -462,6 +463,18 @@ def test_bait_on_the_cluster_picks_what_the_single_process_batch_picks(
         got, ref = runs[name][0], local[name]
         assert got["item_ids"] == ref["item_ids"], name
         assert got["objective"] == pytest.approx(ref["objective"], rel=1e-4)
+    # on the pool the single process selected from (its batch cancelled), the cluster's random stratum is the
+    # single process's: both draw it by item id, so the same items come back
+    strata, pool_id = local["strata"], local_pool["strata"]
+    with TestClient(create_app(settings)) as app:
+        r = app.post(f"/v1/pools/{pool_id}/batches/{strata['id']}/cancel", headers=auth)
+        assert r.status_code == 200, r.text
+    assert strata["diagnostics"]["selection"]["approximation"]["prefilter"]["random_drawn_by"] == "row_ids"
+    with TestClient(create_app(dask_settings)) as app:
+        again = _wait(app, dask_settings, auth, pool_id, _bait_batch(app, auth, pool_id, cases["strata"]))
+    assert again["status"] == "succeeded" and again["diagnostics"]["engine"] == "dask"
+    assert again["item_ids"] == strata["item_ids"]
+    assert again["objective"] == pytest.approx(strata["objective"], rel=1e-4)
     # the random stratum (drawn by item id: each copy of the pool has its own ids) stands for the other candidates
     n_cand = BAIT_POOL["n"] - BAIT_POOL["n_labeled"]
     for batch in runs["strata"]:
