@@ -36,7 +36,7 @@ Outputs (``--out``, default ``docs/results/auto/stopping``), each headed by the 
 and ``summary.txt`` (what the command prints: the tune table, the chosen setting, the held-out tables and
 the distribution of stop / L98).
 
-    python -m bench.experiments.stopping_replay                    # the grid below, about 5 min on one core
+    python -m bench.experiments.stopping_replay                    # the grid below, about 1 min on one core
     python -m bench.experiments.stopping_replay --thresholds 0.9,0.95 --windows 3 --out /tmp/stop
 """
 
@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from bench.experiments import auto_heldout as ah
-from bench.experiments.common import RESULTS_ROOT, read_results
+from bench.experiments.common import REPO_ROOT, RESULTS_ROOT, read_results
 from selection.stopping import MIN_GAIN, SLOPE_POINTS, THRESHOLD, WINDOW, prediction_agreement, stop_from_agreements
 
 MODULE = "bench.experiments.stopping_replay"
@@ -317,6 +317,14 @@ def _command(argv: Sequence[str]) -> str:
     return " ".join(["python -m", MODULE, *(shlex.quote(a) for a in argv)])
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (the outputs do not name this machine)."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def _header(command: str) -> str:
     return f"# {command}\n"
 
@@ -340,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tune_chosen, tune_defaults = replay(tune, chosen), replay(tune, defaults)
     verify(tune, chosen, tune_chosen)
     verify(tune, defaults, tune_defaults)
-    say(f"TUNE half ({args.tune}): {len(tune.runs)} runs, {len(rows)} settings, in the choice rule's order")
+    say(f"TUNE half ({_shown(args.tune)}): {len(tune.runs)} runs, {len(rows)} settings, in the choice rule's order")
     say("(fewest early, then most ok, then fewest late; ties: highest threshold, longest window, most slope")
     say(" points, smallest min_gain)")
     say("")
@@ -355,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     held_chosen, held_defaults = replay(held, chosen), replay(held, defaults)
     verify(held, chosen, held_chosen)
     verify(held, defaults, held_defaults)
-    say(f"HELD-OUT half ({args.heldout}): {len(held.runs)} runs, the chosen setting and the library defaults")
+    say(f"HELD-OUT half ({_shown(args.heldout)}): {len(held.runs)} runs, the chosen setting and the library defaults")
     say("")
     say(per_dataset_table({"chosen": held_chosen, "library defaults": held_defaults}))
     say("")
