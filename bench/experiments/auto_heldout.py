@@ -473,14 +473,24 @@ def first_reaching(labels: Sequence[int], mean: Sequence[float], fraction: float
     return float(labels[-1])
 
 
-def stop_runs(log: RoundLog, tasks: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Per run: where the stopping rule first recommends stopping, against L98 / L95 of the seed-mean
-    validation curve of its dataset and strategy."""
+def run_tasks(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Per dataset (``results.csv``'s ``config``): ``classification`` when its test metric is accuracy, else
+    ``regression``."""
+    return {str(r["config"]): ("classification" if r["metric"] == "accuracy" else "regression") for r in rows}
+
+
+def run_records(log: RoundLog) -> dict[RunKey, list[dict[str, Any]]]:
+    """The round records of every run in ``log``, by run and then by round."""
     runs: dict[RunKey, list[dict[str, Any]]] = {}
     for (cfg, strategy, seed, _), rec in sorted(log.records.items()):
         runs.setdefault((cfg, strategy, seed), []).append(rec)
-    # seed-mean validation curve per (dataset, strategy), over the rounds every seed has
-    groups: dict[tuple[str, str], list[list[dict[str, Any]]]] = {}
+    return runs
+
+
+def stop_marks(runs: Mapping[RunKey, Sequence[Mapping[str, Any]]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (dataset, strategy): ``L98`` and ``L95`` of the seed-mean validation curve (over the rounds every
+    seed has), its last budget and final value."""
+    groups: dict[tuple[str, str], list[Sequence[Mapping[str, Any]]]] = {}
     for (cfg, strategy, _), recs in runs.items():
         groups.setdefault((cfg, strategy), []).append(recs)
     marks: dict[tuple[str, str], dict[str, Any]] = {}
@@ -494,43 +504,70 @@ def stop_runs(log: RoundLog, tasks: Mapping[str, str]) -> list[dict[str, Any]]:
             "last": labels[-1],
             "final_validation": mean[-1],
         }
+    return marks
+
+
+def stop_metric(task: str) -> str:
+    """The validation metric the rule reads: accuracy for classification, R² for regression."""
+    return "accuracy" if task == "classification" else "r2"
+
+
+def first_stop(recs: Sequence[Mapping[str, Any]], task: str, rule: Mapping[str, Any] | None = None) -> float | None:
+    """The labels at the first round of a run (its records, by round) at which
+    :func:`selection.stopping.stop_recommendation` recommends stopping, on the run's stop-set predictions and
+    validation curve up to that round; ``rule``: its keyword options (default: the library's). None: never."""
+    preds = [decode(r["stop_preds"]) for r in recs]
+    curve = [(int(r["labels"]), float(r["validation"])) for r in recs]
+    for i in range(len(recs)):
+        rec = stop_recommendation(preds[: i + 1], curve[: i + 1], task=task, metric=stop_metric(task), **(rule or {}))
+        if rec.recommended:
+            return float(curve[i][0])
+    return None
+
+
+def stop_verdict(stop: float | None, mark: Mapping[str, Any]) -> str:
+    """``early`` / ``ok`` / ``late`` / ``censored`` (``undefined`` without L98 / L95) of a run that stopped at
+    ``stop`` labels (None: never), against its dataset and strategy's ``mark`` (:func:`stop_marks`)."""
+    l98, l95 = mark["L98"], mark["L95"]
+    if l98 is None or l95 is None:
+        return "undefined"
+    if stop is None:
+        return "late" if STOP_LATE * l98 < mark["last"] else "censored"
+    if stop < l95:
+        return "early"
+    if stop <= STOP_LATE * l98:
+        return "ok"
+    return "late"
+
+
+def stop_record(key: RunKey, task: str, stop: float | None, mark: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of ``stop_runs``: the run, where it stopped, its marks, stop / L98 and the verdict."""
+    cfg, strategy, seed = key
+    l98 = mark["L98"]
+    return {
+        "dataset": cfg,
+        "strategy": strategy,
+        "seed": seed,
+        "metric": stop_metric(task),
+        "stop": stop,
+        "L98": l98,
+        "L95": mark["L95"],
+        "last": mark["last"],
+        "ratio_to_L98": None if stop is None or not l98 else stop / l98,
+        "verdict": stop_verdict(stop, mark),
+    }
+
+
+def stop_runs(log: RoundLog, tasks: Mapping[str, str], rule: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Per run: where the stopping rule (``rule``: :func:`~selection.stopping.stop_recommendation`'s keyword
+    options, default the library's) first recommends stopping, against L98 / L95 of the seed-mean validation
+    curve of its dataset and strategy."""
+    runs = run_records(log)
+    marks = stop_marks(runs)
     out = []
-    for (cfg, strategy, seed), recs in sorted(runs.items()):
-        task = tasks.get(cfg, "classification")
-        metric = "accuracy" if task == "classification" else "r2"
-        preds = [decode(r["stop_preds"]) for r in recs]
-        curve = [(int(r["labels"]), float(r["validation"])) for r in recs]
-        stop: float | None = None
-        for i in range(len(recs)):
-            if stop_recommendation(preds[: i + 1], curve[: i + 1], task=task, metric=metric).recommended:
-                stop = float(curve[i][0])
-                break
-        mk = marks[(cfg, strategy)]
-        l98, l95 = mk["L98"], mk["L95"]
-        if l98 is None or l95 is None:
-            verdict = "undefined"
-        elif stop is None:
-            verdict = "late" if STOP_LATE * l98 < mk["last"] else "censored"
-        elif stop < l95:
-            verdict = "early"
-        elif stop <= STOP_LATE * l98:
-            verdict = "ok"
-        else:
-            verdict = "late"
-        out.append(
-            {
-                "dataset": cfg,
-                "strategy": strategy,
-                "seed": seed,
-                "metric": metric,
-                "stop": stop,
-                "L98": l98,
-                "L95": l95,
-                "last": mk["last"],
-                "ratio_to_L98": None if stop is None or not l98 else stop / l98,
-                "verdict": verdict,
-            }
-        )
+    for key, recs in runs.items():
+        task = tasks.get(key[0], "classification")
+        out.append(stop_record(key, task, first_stop(recs, task, rule), marks[(key[0], key[1])]))
     return out
 
 
@@ -653,7 +690,7 @@ def report(out: Path) -> dict[str, Any]:
     """``summary.md`` and ``report.json`` from ``results.csv`` and ``rounds.jsonl`` in ``out``."""
     rows = read_results(out / "results.csv")
     log = RoundLog(out / "rounds.jsonl")
-    tasks = {str(r["config"]): ("classification" if r["metric"] == "accuracy" else "regression") for r in rows}
+    tasks = run_tasks(rows)
     table = strategy_table(rows)
     runs = stop_runs(log, tasks)
     invocations = heldout._load_runs(out)
