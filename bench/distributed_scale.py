@@ -11,16 +11,17 @@ processes on 127.0.0.1 (``--memory-limit`` each) and a pool store in a temporary
   stopped between rows), with the stages of the cluster passes (scores + Fisher reduction, gather) and the greedy.
 
 Each batch is cancelled after it is timed, so every row selects from the same pool; every row says whether its
-picks equal the single-process picks. With the default plan they differ wherever the plan pre-filters with a
-random stratum (the cluster draws it by item id, the single process by row: both uniform, not the same sample);
-``--prefilter-top`` gives both paths the same score-only pre-filter. The peak resident memory (``VmHWM``) of the
-api process (where the job runs) and of each Dask worker during each cluster row is printed at the end (each
-process's peak is reset through ``/proc/PID/clear_refs`` before a row, so a warm row's figure is not the cold
-row's store writing). Everything is written under a temporary folder and removed.
+picks equal the single-process picks. Both paths draw a pre-filter's random stratum by item id, so with the same
+pre-filter they pick the same items; the default plan chooses how many candidates to keep from the cost model and
+rates each process measures for itself, so under load the two paths can choose different counts and then pick
+differently. ``--prefilter-top N`` (with ``--prefilter-random M``) gives both paths the same pre-filter. The peak
+resident memory (``VmHWM``) of the api process (where the job runs) and of each Dask worker during each cluster
+row is printed at the end (each process's peak is reset through ``/proc/PID/clear_refs`` before a row, so a warm
+row's figure is not the cold row's store writing). Everything is written under a temporary folder and removed.
 
     python bench/distributed_scale.py                      # 10^5 x 128, k = 10, B = 100, workers 2 and 1
     python bench/distributed_scale.py --n 1000000 --workers 2,1
-    python bench/distributed_scale.py --n 1000000 --prefilter-top 20000   # score-only pre-filter: same picks
+    python bench/distributed_scale.py --n 1000000 --prefilter-top 15000 --prefilter-random 5000   # same picks
     python bench/distributed_scale.py --smoke              # 3,000 x 16, k = 10, B = 10: checks the script runs
 
 At 10^7 rows the pool does not fit a single process, and not the upload either: ``--via import`` writes the pool as
@@ -293,8 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         "--prefilter-top",
         type=int,
         default=0,
-        help="both paths pre-filter to this many candidates by score, with no random stratum (whose draw differs "
-        "between the paths); 0: the default plan",
+        help="both paths pre-filter to this many candidates by score (plus --prefilter-random at random); 0: the "
+        "default plan",
+    )
+    ap.add_argument(
+        "--prefilter-random", type=int, default=0, help="with --prefilter-top: candidates kept at random besides"
     )
     ap.add_argument(
         "--head-dtype", choices=("float32", "float64"), default="float32", help="the pool's head (mlp) dtype"
@@ -320,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_memory_gb:
         params["max_memory_gb"] = args.max_memory_gb
     if args.prefilter_top:
-        params["prefilter"] = {"top": args.prefilter_top, "random": 0}
+        params["prefilter"] = {"top": args.prefilter_top, "random": args.prefilter_random}
     head = {"kind": "mlp", "dtype": args.head_dtype}
     counts = sorted({int(w) for w in args.workers.split(",")}, reverse=True)
     if not counts or counts[-1] < 1:

@@ -393,6 +393,7 @@ def plan(
     batch_size: int,
     device: str,
     workers: int,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Prefilter | None, bool, str]:
     """What the cluster passes do for a BAIT batch with ``params``: the pre-filter (None: gather every row, the
     greedy then plans on the whole pool as the single-process path does), whether to reduce the pool Fisher
@@ -403,7 +404,8 @@ def plan(
     cluster's behalf (``n_C`` at most :data:`selection.bait.plan.PREFILTER_MIN_CANDIDATES`, or exact BAIT on every
     candidate fits the budgets by the cost model), else the largest of the plan's free halvings ``n_C / 2,
     n_C / 4, ...`` (down to :data:`selection.bait.plan.PREFILTER_MIN_KEEP`) whose exact greedy fits them, split as the
-    plan splits it (:data:`selection.bait.plan.PREFILTER_TOP_FRACTION` by score).
+    plan splits it (:data:`selection.bait.plan.PREFILTER_TOP_FRACTION` by score). ``dtype``: the greedy's (the head
+    features'), whose rates and sizes the cost model uses, as the single-process plan does.
     """
     spec = parse_prefilter(params.get("prefilter"), regression=task == "regression")
     budget_s = float(params.get("time_budget_s", DEFAULT_TIME_BUDGET_S))
@@ -419,7 +421,7 @@ def plan(
         pf, why = None, "every candidate (the auto plan pre-filters no pool this small)"
         if len(ladder) > 1:
             threads = resolve_threads(dev)  # 1 off CPU
-            rates = machine_rates(dev, torch.float32, threads)
+            rates = machine_rates(dev, dtype, threads)
             fits = []
             for keep in ladder:
                 n_fwd = min(keep, max(batch_size, math.floor(oversample * batch_size + 1e-9)))
@@ -434,13 +436,11 @@ def plan(
                     n_design=n_design,
                     mode="fisher",
                     device=dev,
-                    dtype=torch.float32,
+                    dtype=dtype,
                     threads=threads,
                     rates=rates,
                 )
-                mem = estimate_bytes(
-                    n_cand=keep, d=d, r=r, matrix_dtype=torch.float32, state_dtype=torch.float32, mode="fisher"
-                )
+                mem = estimate_bytes(n_cand=keep, d=d, r=r, matrix_dtype=dtype, state_dtype=dtype, mode="fisher")
                 fits.append(secs <= budget_s and mem <= budget_gb * 1e9)
             keep = next((k for k, ok in zip(ladder, fits, strict=True) if ok), ladder[-1])
             if keep == n_cand:

@@ -458,7 +458,8 @@ def _select_and_store_bait(
     outliers = _prepare_outliers(spec, client, manifest, tracker, timings)
     head_blob = save_checkpoint(trained)
     task = trained.config.task
-    d_pen = int(predict(trained, np.zeros((1, manifest.d), dtype=np.float32)).features.shape[1])
+    probe = predict(trained, np.zeros((1, manifest.d), dtype=np.float32)).features
+    d_pen, sel_dtype = int(probe.shape[1]), probe.dtype  # the greedy runs in the head's features' dtype
     r = 1 if task == "regression" else int(trained.config.n_outputs) - 1
     params = {k: v for k, v in spec.params.items() if k not in ("seed", coldstart.PARAM, EXCLUDE_OUTLIERS)}
 
@@ -476,6 +477,7 @@ def _select_and_store_bait(
             batch_size=spec.size,
             device=device,
             workers=workers,
+            dtype=sel_dtype,
         )
         g = distributed.rerun_when_inputs_lost(
             partial(
