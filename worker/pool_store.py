@@ -788,7 +788,9 @@ class DatabaseRows(Rows):
         ]
         self.item_ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
-    def _decode(self, rows: Sequence[Any], expected: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+    def _fill(self, rows: Sequence[Any], expected: np.ndarray, out: np.ndarray, names: list[str]) -> None:
+        """Check ``rows`` (``(id, external id, embedding)``) against ``expected`` ids and write their embeddings
+        into ``out`` (``len(rows) x d``) and their external ids onto ``names``."""
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         if ids.shape != expected.shape or not np.array_equal(ids, expected):
             raise PoolMoved(f"pool {self.pool_id}: its rows changed while version {self.version} was written")
@@ -797,15 +799,31 @@ class DatabaseRows(Rows):
             if blob is None or len(blob) != 4 * self.d:
                 got = "no stored embedding" if blob is None else f"an embedding of {len(blob) // 4} values"
                 raise PoolDataError(f"item {r[1]!r} has {got}, expected {self.d}")
-        X = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(rows), self.d)
-        return ids, [str(r[1]) for r in rows], X
+        if blobs:
+            out[:] = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), self.d)
+        names.extend(str(r[1]) for r in rows)
+
+    def _decode(self, rows: Sequence[Any], expected: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        X = np.empty((len(rows), self.d), dtype=np.float32)
+        names: list[str] = []
+        self._fill(rows, expected, X, names)
+        return expected, names, X
 
     def block(self, a: int, b: int) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+        """Rows ``a:b``, decoded chunk by chunk as the database hands them over into one ``(b - a) x d`` array, so
+        a shard's embeddings are held once (not also as one bytes object per row)."""
         expected = self.item_ids[a:b]
-        rows: list[Any] = []
+        X = np.empty((expected.shape[0], self.d), dtype=np.float32)
+        names: list[str] = []
+        done = 0
         for part in content_store.selectable_rows(self.session, self.pool_id, int(expected[0]), int(expected[-1])):
-            rows.extend(part)
-        return self._decode(rows, expected)
+            if done + len(part) > expected.shape[0]:
+                raise PoolMoved(f"pool {self.pool_id}: its rows changed while version {self.version} was written")
+            self._fill(part, expected[done : done + len(part)], X[done : done + len(part)], names)
+            done += len(part)
+        if done != expected.shape[0]:
+            raise PoolMoved(f"pool {self.pool_id}: its rows changed while version {self.version} was written")
+        return expected, names, X
 
     def take(self, positions: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
         expected = self.item_ids[positions]

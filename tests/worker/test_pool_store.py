@@ -210,6 +210,39 @@ def test_the_writer_reads_a_shard_at_a_time_and_an_append_reads_only_the_new_row
     assert_store_is(second, _fresh(db, data.pool_id))
 
 
+def test_a_shard_handed_over_in_parts_is_decoded_part_by_part_into_the_same_store(
+    db: sessionmaker[Session], store_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database hands a shard's rows over in parts (3 rows here, 8,192 by default): each part is decoded into
+    the shard's one array as it comes, and the store equals the reader's rows; a part that runs past the shard's
+    ids (a row that appeared meanwhile) publishes nothing."""
+    data = make_pool(db, n=40, d=6, n_labeled=4)
+    real_rows = content_store.selectable_rows
+    parts: list[int] = []
+
+    def small_parts(session: Session, pool_id: str, lo: int, hi: int, chunk: int = 8192) -> Any:
+        for part in real_rows(session, pool_id, lo, hi, chunk=3):
+            parts.append(len(part))
+            yield part
+
+    monkeypatch.setattr(content_store, "selectable_rows", small_parts)
+    manifest, how = _ensure(db, store_settings, data.pool_id)
+    assert how == "written" and len(parts) > manifest.rows // 3 and max(parts) == 3
+    assert_store_is(manifest, _fresh(db, data.pool_id))
+
+    def one_too_many(session: Session, pool_id: str, lo: int, hi: int, chunk: int = 8192) -> Any:
+        rows = [r for part in real_rows(session, pool_id, lo, hi) for r in part]
+        yield [*rows, (rows[-1][0] + 1000, "intruder", rows[-1][2])]
+
+    monkeypatch.setattr(content_store, "selectable_rows", one_too_many)
+    with session_scope(db) as s:
+        pool = s.get(Pool, data.pool_id)
+        assert pool is not None
+        rows = pool_store.DatabaseRows(s, data.pool_id, 1, 6)
+        with pytest.raises(pool_store.PoolMoved):
+            rows.block(0, min(16, rows.item_ids.shape[0]))
+
+
 def test_rows_that_change_while_a_version_is_written_are_never_published_mixed(
     db: sessionmaker[Session], store_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
