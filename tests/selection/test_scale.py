@@ -286,7 +286,10 @@ def test_prefilter_records_its_strata_and_is_seeded(score: str) -> None:
     b = select("bait", embeddings=x, probs=p, labeled=labeled, batch_size=8, prefilter=spec, seed=3)
     assert a.indices.tolist() == b.indices.tolist()
     info = a.diagnostics["approximation"]["prefilter"]
-    assert info == {"top": 30, "random": 20, "score": score, "seed": None, "kept_top": 30, "kept_random": 20}
+    assert info == {
+        "top": 30, "random": 20, "score": score, "seed": None, "kept_top": 30, "kept_random": 20,
+        "random_drawn_by": "position",
+    }  # fmt: skip
     assert a.diagnostics["objective_kind"] == "exact"
     assert "prefiltered_objective" in a.diagnostics
     # Every pick is a top-scored or a random-stratum candidate, never a labeled row.
