@@ -25,7 +25,12 @@ loop keeps ``auto``'s history the way ``docs/auto-and-stopping.md`` says a libra
 round it takes ``diagnostics["auto"]["round"]``, fills in ``labels`` (the picks' true labels, which the
 harness reveals before the next round) and sets ``validation`` (the validation score of the head that
 selected the round) and ``n_labels`` (the labels that head was trained on); the next round passes every
-earlier entry as ``history``. So ``auto`` runs in its validation-gain mode from its second round on.
+earlier entry as ``history``. So ``auto`` runs in its validation-gain mode from its second round on. It also
+passes the pool's own inputs as ``outlier_embeddings``, as the service's outlier check reads the pool's
+embeddings, not the head's features: ``auto`` leaves the candidates the robust outlier rule flags there out of
+the pool before its arm selects (its default ``exclude_outliers``); the fixed strategies run without the check.
+``auto`` is cold by the library's rule (only without ``probs``), so with ``m0`` initial labels it plays model
+arms from the first round, as the fixed strategies do.
 
 Report (``--phase report``, ``summary.md`` and ``report.json``):
 
@@ -300,7 +305,8 @@ class AutoHook:
             entry["validation"] = rec["validation"]  # the score of the head that selected the round
             entry["n_labels"] = rec["labels"]  # the labels that head was trained on
             history.append(entry)
-        return {"history": history}
+        # the outlier rule reads the pool's own inputs, as the service's check does (not the head's features)
+        return {"history": history, "outlier_embeddings": self.setting.split.X_pool}
 
     def after_round(self, state: RoundState, result: SelectionResult | None) -> None:
         split = self.setting.split
