@@ -122,9 +122,10 @@ def _scales(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-dimension median and robust scale of the sample ``S`` (scale 0 marks a constant dimension)."""
     med = _median0(S)
     dev = (S - med).abs()
-    mad = _median0(dev) * _MAD_TO_SD
-    sd = S.std(dim=0) if S.shape[0] > 1 else torch.zeros_like(med)
-    scale = torch.where(mad > 0, mad, sd)
+    scale = _median0(dev) * _MAD_TO_SD
+    zero = scale == 0
+    if bool(zero.any()):  # the standard deviation only where the MAD is 0
+        scale[zero] = S[:, zero].std(dim=0) if S.shape[0] > 1 else 0.0
     return med, scale
 
 
@@ -136,11 +137,13 @@ def _inverse_scale(scale: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-def _distances(X: torch.Tensor, med: torch.Tensor, inv: torch.Tensor, used: int, out: torch.Tensor) -> None:
+def _distances(
+    X: torch.Tensor, med: torch.Tensor, inv: torch.Tensor, used: int, out: torch.Tensor, buf: torch.Tensor | None = None
+) -> None:
     """``out = sqrt(mean over the used dimensions of ((x - m) / s)^2)`` for the float64 rows ``X`` (``inv`` is
-    :func:`_inverse_scale`): one temporary of ``X``'s size, then a row norm, written into ``out``."""
-    z = torch.sub(X, med)
-    z.mul_(inv)
+    :func:`_inverse_scale`), as ``x / s - m / s`` in one pass (into ``buf``, a float64 block at least ``X``'s size,
+    when given) and a row norm written into ``out``."""
+    z = torch.addcmul(-med * inv, X, inv) if buf is None else torch.addcmul(-med * inv, X, inv, out=buf[: X.shape[0]])
     torch.linalg.vector_norm(z, dim=1, out=out)
     out.div_(math.sqrt(max(used, 1)))
 
@@ -250,12 +253,13 @@ def row_distances(X: Any, stats: OutlierStats, rows: Any = None) -> np.ndarray:
     med = torch.as_tensor(stats.center, device=T.device)
     inv = _inverse_scale(torch.as_tensor(stats.scale, device=T.device))
     out = torch.empty(m, dtype=torch.float64, device=T.device)
+    buf = torch.empty(min(m, _CHUNK), int(T.shape[1]), dtype=torch.float64, device=T.device)
     for start in range(0, m, _CHUNK):
         stop = min(m, start + _CHUNK)
         block = T[start:stop] if every else T[torch.as_tensor(idx[start:stop], device=T.device)]
         block = block.to(torch.float64)
         part = out[start:stop]
-        _distances(block, med, inv, stats.used, part)
+        _distances(block, med, inv, stats.used, part, buf)
         if not bool(torch.isfinite(part).all()):
             if not bool(torch.isfinite(block).all()):
                 raise InputDataError("embeddings contain NaN or inf in the rows checked")
