@@ -22,7 +22,16 @@ the difference measured. The ``calls`` column says how many each variant had.
 Two overheads per case: **vs fixed B** (``auto`` against the fixed strategy with the batch's size ``B``: what the
 issue's 10 % is about; negative when the arm's ``B - E`` picks cost less than ``B``) and **vs arm at B-E** (``auto``
 against the arm called with the ``B - E`` slots it fills inside ``auto``: ``auto``'s own work, the bandit over the
-history, the exploration draw, the round's record).
+history, the exploration draw, the round's record, and its outlier check).
+
+``auto`` leaves the candidates the robust outlier rule flags out by default (``exclude_outliers``: the rule's
+statistics on a 5,000-row sample and one pass over the pool). Two more variants split that cost off:
+**auto, no check** (``exclude_outliers=False``: ``auto``'s own work alone) and **fixed + picks check** (the fixed
+strategy, then :func:`selection.outliers.robust_outliers` on its ``B`` picks: what a batch of the fixed strategy
+runs in the service, which checks every batch's picks). **vs fixed + check** compares ``auto`` with that: the
+service's batch of ``auto`` (pool check) against its batch of the fixed strategy (picks check).
+``--corrupt K`` multiplies ``K`` candidate rows by 10^3, so the check flags them (and, on a bait round, ``auto``
+copies the pool without them).
 
 The history is what a library caller keeps (docs/auto-and-stopping.md): ``--rounds`` earlier rounds of ``B``
 picks each (rows labeled since, ``arms`` per pick with the exploration picks marked ``random``, labels drawn from
@@ -60,6 +69,7 @@ sys.path.insert(0, str(REPO))
 import selection  # noqa: E402
 from bench.selection_speed import machine_lines  # noqa: E402
 from selection.auto import WARM_ARMS, bandit, check_history  # noqa: E402
+from selection.outliers import robust_outliers  # noqa: E402
 
 LIMIT_PCT = 10.0  # the issue's figure
 MAX_REPEAT = 500
@@ -94,6 +104,9 @@ class Result:
     auto_s: list[float] = field(default_factory=list)
     fixed_s: list[float] = field(default_factory=list)
     arm_s: list[float] = field(default_factory=list)  # the arm at B - E (empty when E = 0: fixed is that call)
+    nocheck_s: list[float] = field(default_factory=list)  # auto with exclude_outliers=False
+    checked_s: list[float] = field(default_factory=list)  # the fixed strategy, then the rule on its picks
+    excluded: int = 0  # candidates auto's check left out
     load: float = 0.0
 
     def pct(self, base: list[float], how: Callable[[list[float]], float]) -> float | None:
@@ -176,8 +189,12 @@ def run_case(
     seed = seed_for(case, history, args.k, args.batch)
     common: dict[str, Any] = {"embeddings": x, "probs": probs, "labeled": labeled, "seed": seed}
 
-    def auto() -> Any:
-        return selection.select("auto", batch_size=args.batch, history=history, explore=case.explore, **common)
+    def auto(**extra: Any) -> Any:
+        return selection.select("auto", batch_size=args.batch, history=history, explore=case.explore, **common, **extra)
+
+    def checked() -> Any:
+        res = selection.select(case.arm, batch_size=args.batch, **common)
+        return robust_outliers(x, res.indices, seed=seed)
 
     check = auto()
     info = check.diagnostics["auto"]
@@ -187,13 +204,16 @@ def run_case(
     variants: list[tuple[str, Callable[[], Any]]] = [
         ("auto", auto),
         ("fixed", lambda: selection.select(case.arm, batch_size=args.batch, **common)),
+        ("nocheck", lambda: auto(exclude_outliers=False)),
+        ("checked", checked),
     ]
     if n_explore:
         variants.append(("arm", lambda: selection.select(case.arm, batch_size=args.batch - n_explore, **common)))
     for _, call in variants[1:]:  # one untimed call of each (auto's was the check)
         call()
-    res = Result(case.name, case.arm, n_explore, seed)
-    times = {"auto": res.auto_s, "fixed": res.fixed_s, "arm": res.arm_s}
+    res = Result(case.name, case.arm, n_explore, seed, excluded=int(info["outliers"]["n_excluded"]))
+    times = {"auto": res.auto_s, "fixed": res.fixed_s, "arm": res.arm_s, "nocheck": res.nocheck_s}
+    times["checked"] = res.checked_s
     rep = 0  # at least --repeat rounds, more (up to MAX_REPEAT) until auto's calls add up to --min-time
     while rep < args.repeat or (sum(res.auto_s) < args.min_time and rep < MAX_REPEAT):
         for name, call in variants[rep % len(variants) :] + variants[: rep % len(variants)]:
@@ -219,11 +239,15 @@ def format_table(results: list[Result]) -> str:
         "case",
         "arm",
         "E",
+        "excluded",
         "auto s (min / median)",
         "fixed B s (min / median)",
         "vs fixed B % (min, median)",
         "arm at B-E s (min / median)",
         "vs arm at B-E % (min, median)",
+        "auto, no check s (min / median)",
+        "fixed + picks check s (min / median)",
+        "vs fixed + check % (min, median)",
         "calls",
         "load",
     ]
@@ -233,11 +257,15 @@ def format_table(results: list[Result]) -> str:
             r.case,
             r.arm,
             str(r.explore_picks),
+            str(r.excluded),
             _fmt_s(r.auto_s),
             _fmt_s(r.fixed_s),
             f"{_fmt_pct(r.pct(r.fixed_s, min))}, {_fmt_pct(r.pct(r.fixed_s, statistics.median))}",
             _fmt_s(r.arm_s),
             "-" if not r.arm_s else f"{_fmt_pct(r.pct(r.arm_s, min))}, {_fmt_pct(r.pct(r.arm_s, statistics.median))}",
+            _fmt_s(r.nocheck_s),
+            _fmt_s(r.checked_s),
+            f"{_fmt_pct(r.pct(r.checked_s, min))}, {_fmt_pct(r.pct(r.checked_s, statistics.median))}",
             str(len(r.auto_s)),
             f"{r.load:.1f}",
         ]
@@ -266,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--seed", type=int, default=0, help="seed of the data and the history's labels")
+    ap.add_argument(
+        "--corrupt", type=int, default=0, help="candidate rows multiplied by 10^3 (flagged by the outlier check)"
+    )
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -291,15 +322,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("timings are wall-clock on a possibly shared machine: expect noise\n", flush=True)
     x, probs = make_data(args.n, args.d, args.k, dtype, args.seed)
+    if args.corrupt:  # rows past the labeled ones and the history's picks: candidates
+        start = args.labeled + args.rounds * args.batch
+        x[start : start + args.corrupt] *= 1e3
     rng = np.random.default_rng(args.seed)
     with torch.no_grad():
         results = [run_case(c, x, probs, args, rng) for c in cases]
     print()
     print(format_table(results))
     worst = max((r.pct(r.fixed_s, min) or 0.0) for r in results)
+    served = max((r.pct(r.checked_s, min) or 0.0) for r in results)
     print(
         f"\nauto adds at most {LIMIT_PCT:g} % to the fixed strategy's time (min over repeats) on every case: "
-        f"{'yes' if worst <= LIMIT_PCT else 'no'} (largest: {worst:+.1f} %, n = {args.n:,})"
+        f"{'yes' if worst <= LIMIT_PCT else 'no'} (largest: {worst:+.1f} %, n = {args.n:,}); against the fixed "
+        f"strategy with the service's picks check: {'yes' if served <= LIMIT_PCT else 'no'} (largest: {served:+.1f} %)"
     )
     if args.json:
         with open(args.json, "w") as fh:

@@ -5,8 +5,24 @@ Each call is one round. The caller keeps the history of earlier rounds (what ``a
 recomputed from that history every round, so a round depends only on the history and the seed.
 
 Arms. A warm pool: ``bait``, ``badge``, ``margin``, ``random`` for classification; ``bait``, ``random`` for
-regression. A cold pool (too few labels for a model, :func:`is_cold`): the model-free ``typiclust``,
-``kmeanspp`` and ``random``.
+regression. A cold pool: the model-free ``typiclust``, ``kmeanspp`` and ``random``. Which pool is cold is the
+caller's rule (``cold``), the same one its fixed model-based strategies obey, so that ``auto`` plays a model
+arm exactly when a fixed ``bait`` would run: the service passes its cold-start rule (fewer than 2 labels per
+class, a class without a label, a regression pool without a label), under which its fixed ``bait`` is
+replaced by a cold-start strategy too. Without ``cold`` the library's own rule applies (:func:`is_cold`): the
+pool is cold only when the model arms cannot run (classification without ``probs``, regression without a
+label), as the library's fixed ``bait``, which has no cold rule, runs on whatever head gave the ``probs``.
+
+Outliers. By default (``exclude_outliers``) the candidates that the pool's robust outlier rule flags
+(:func:`selection.outliers.robust_outliers`, the rule of the service's ``params.exclude_outliers``, on
+``outlier_embeddings``: the pool's own embeddings, or ``embeddings`` when not given) are left out of the pool
+before the arm selects and before the exploration draw: BAIT seeks extreme inputs and picks a corrupt row
+first (held-out diamonds), and a bandit that plays ``bait`` inherits that. Labeled and reserved rows stay. For
+the arms that read every pool row (``bait``'s Fisher of the pool, ``typiclust``'s clusters) the flagged rows
+leave the pool (a copy without them); the others read only the candidates and the design, so leaving the rows
+out of the candidates selects the same without the copy. The cost: the rule's statistics on a 5,000-row sample
+and one pass over the pool's rows (``O(5000 d + n d)``), plus that copy when a candidate is flagged and the arm
+reads every row.
 
 A round. The bandit's distribution over the arms is EXP3.P's (Auer et al. 2002; EXP4.P with one expert per
 arm, as in "Active learning by learning", Hsu & Lin 2015): ``q_a = (1 - gamma) w_a / sum(w) + gamma / K``.
@@ -55,13 +71,12 @@ import torch
 
 from selection.baselines import _to_numpy
 from selection.errors import ParameterError
+from selection.outliers import robust_outliers
 from selection.problem import REGISTRY, Problem, StrategyOutput, register
 
 WARM_ARMS = {"classification": ("bait", "badge", "margin", "random"), "regression": ("bait", "random")}
 COLD_ARMS = ("typiclust", "kmeanspp", "random")
 ALL_ARMS = frozenset(WARM_ARMS["classification"]) | frozenset(COLD_ARMS)
-#: Labels per class below which a classification pool is cold (the service's cold-start rule).
-LABELS_PER_CLASS = 2
 HORIZON = 100
 DELTA = 0.05
 #: Initial weight of ``bait`` among the warm arms (see the module's "The prior"), chosen on the tune half.
@@ -89,10 +104,12 @@ class Round:
 
 
 def is_cold(problem: Problem) -> bool:
-    """The library's cold rule (the service's, without class coverage, which needs the labels): classification
-    with no probabilities or fewer than ``2 k`` labels; regression with no label."""
+    """The library's cold rule: cold only when the model arms cannot run, as the library's fixed strategies have
+    no cold rule of their own (a fixed ``bait`` runs on any ``probs``): classification without probabilities,
+    regression without a label (no model to give the embeddings). A caller with a cold-start rule for its fixed
+    strategies (the service's: fewer than 2 labels per class) passes ``cold`` instead."""
     if problem.task == "classification":
-        return problem.probs is None or int(problem.labeled.numel()) < LABELS_PER_CLASS * problem.k
+        return problem.probs is None
     return int(problem.labeled.numel()) < 1
 
 
@@ -321,6 +338,88 @@ def _summary(arm: str, ev: _Evidence) -> tuple[str, dict[str, Any]]:
     return line, per
 
 
+#: Rows listed in ``diagnostics["auto"]["outliers"]["excluded_rows"]`` at most.
+MAX_LISTED = 100
+#: Arms that read every row of the pool, not only the candidates and the design: bait (the pool's Fisher) and
+#: typiclust (its clusters). Outliers leave the pool for them; for the others they leave the candidates.
+READS_EVERY_ROW = frozenset({"bait", "typiclust"})
+
+
+def _outlier_source(problem: Problem, outlier_embeddings: Any) -> tuple[Any, str]:
+    """What the outlier rule reads: ``outlier_embeddings`` (one row per pool row) or the problem's embeddings."""
+    if outlier_embeddings is None:
+        return problem.X, "embeddings"
+    if not isinstance(outlier_embeddings, torch.Tensor | np.ndarray):
+        raise ParameterError(
+            f"outlier_embeddings must be an n x d array (numpy or torch), got {type(outlier_embeddings).__name__}"
+        )
+    shape = tuple(outlier_embeddings.shape)
+    if len(shape) != 2 or shape[0] != problem.n or shape[1] < 1:
+        raise ParameterError(f"outlier_embeddings must have shape ({problem.n}, d) like the pool, got {shape}")
+    return outlier_embeddings, "outlier_embeddings"
+
+
+def outlier_candidates(problem: Problem, outlier_embeddings: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """The candidates that :func:`selection.outliers.robust_outliers` flags (statistics from the pool's sample under
+    the problem's seed, as the service's check), sorted, and what was found (``diagnostics["auto"]["outliers"]``).
+
+    Were fewer than ``batch_size`` candidates left without them, the least extreme flagged ones are kept back in
+    (``kept_back``) so the batch keeps its size.
+    """
+    source, on = _outlier_source(problem, outlier_embeddings)
+    rep = robust_outliers(source, seed=problem.seed)
+    cand = problem.candidates.cpu().numpy()
+    hit = rep.flagged[cand]
+    flagged = cand[hit]
+    short = problem.batch_size - (cand.shape[0] - flagged.shape[0])
+    kept_back = np.zeros(0, dtype=np.int64)
+    if short > 0:  # not enough candidates without them: keep back in the least extreme ones
+        order = np.argsort(rep.distances[flagged], kind="stable")
+        kept_back = np.sort(flagged[order[:short]])
+        flagged = np.setdiff1d(flagged, kept_back)
+    info: dict[str, Any] = {
+        **rep.as_dict(),
+        "checked": True,
+        "on": on,
+        "n_checked": int(cand.shape[0]),
+        "n_flagged": int(hit.sum()),
+        "n_excluded": int(flagged.shape[0]),
+        "excluded_rows": flagged[:MAX_LISTED].tolist(),
+        "kept_back": kept_back.tolist(),
+    }
+    return flagged, info
+
+
+def without_rows(problem: Problem, rows: np.ndarray, *, every_row: bool) -> tuple[Problem, np.ndarray | None]:
+    """The problem without the candidate ``rows``, and the map from its rows to the caller's (``None``: the same
+    rows). ``every_row`` (an arm in :data:`READS_EVERY_ROW`): the rows leave the pool (a copy of the embeddings
+    and probabilities without them). Otherwise they leave only the candidates: an arm that reads nothing but the
+    candidates and the design then selects exactly what it would on the pool without them (the row order is kept,
+    so ties go the same way), without the copy."""
+    cand = problem.candidates.cpu().numpy()
+    drop = np.zeros(problem.n, dtype=bool)
+    drop[rows] = True
+    left = cand[~drop[cand]]
+    if not every_row:
+        return replace(problem, candidates=torch.as_tensor(left, device=problem.device)), None
+    keep = np.flatnonzero(~drop)
+    position = np.cumsum(~drop) - 1  # a kept row's position in the pool without the dropped ones
+
+    def moved(r: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(position[r], dtype=torch.int64, device=problem.device)
+
+    rows_t = torch.as_tensor(keep, device=problem.device)
+    sub = replace(
+        problem,
+        X=problem.X[rows_t],
+        probs=None if problem.probs is None else problem.probs[rows_t],
+        labeled=moved(problem.labeled.cpu().numpy()),
+        reserved=moved(problem.reserved.cpu().numpy()),
+        candidates=moved(left),
+    )
+    return sub, keep
+
+
 def _check_float(name: str, value: Any, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
         raise ParameterError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
@@ -342,6 +441,8 @@ def auto(
     gamma: float = GAMMA,
     prior_bait: float = PRIOR_BAIT,
     cold: bool | None = None,
+    exclude_outliers: bool = True,
+    outlier_embeddings: Any = None,
 ) -> StrategyOutput:
     """One round of the ``auto`` bandit (see the module for the rule).
 
@@ -358,23 +459,38 @@ def auto(
         gamma: the bandit's exploration over arms, in (0, 1].
         prior_bait: the initial weight of ``bait`` among the warm arms, in [0, 1] (the other arms share the
             rest; ``1 / K`` starts uniform).
-        cold: whether the pool is cold (model-free arms); ``None`` applies :func:`is_cold`.
+        cold: whether the pool is cold (model-free arms): pass the rule your fixed strategies obey (the service
+            passes its cold-start rule); ``None`` applies :func:`is_cold` (cold only without ``probs`` for
+            classification, without a label for regression).
+        exclude_outliers: leave the candidates that the robust outlier rule flags out of the pool before the
+            arm selects and before the exploration draw (see the module); ``False`` keeps every candidate.
+        outlier_embeddings: ``n x d'`` embeddings the rule reads, one row per pool row: the pool's own
+            embeddings when ``embeddings`` are a model's features (what the service checks; the rule on a
+            head's ReLU features flags rows the pool's inputs do not); ``None`` reads ``embeddings``.
 
     Returns:
         Candidate rows in pick order (the drawn arm's picks, then the exploration picks); diagnostics
         ``auto``: ``arm``, ``cold``, ``arms_in_play``, ``probabilities``, ``explore`` (picks), ``evidence``
-        (``mode``, ``rounds``, ``per_arm``, ``biased_rounds``), ``summary`` (one line) and ``round`` (this
-        round as a history entry) plus the arm's own diagnostics under ``arm_diagnostics``.
+        (``mode``, ``rounds``, ``per_arm``, ``biased_rounds``), ``summary`` (one line), ``outliers`` (with
+        ``exclude_outliers``: the rule's numbers, ``on``, ``n_checked``, ``n_flagged``, ``n_excluded``, up to
+        100 ``excluded_rows`` and ``kept_back``; else ``{"checked": false}``) and ``round`` (this round as a
+        history entry) plus the arm's own diagnostics under ``arm_diagnostics``.
 
     Raises:
-        ParameterError: a malformed history, a parameter out of range, or a warm classification pool without
+        ParameterError: a malformed history, a parameter out of range, ``exclude_outliers`` not a boolean,
+            ``outlier_embeddings`` not an array of the pool's rows, or a warm classification pool without
             probabilities.
+        InputDataError: ``outlier_embeddings`` not finite.
     """
     explore_ = _check_float("explore", explore, 0.0, 1.0)
     gamma_ = _check_float("gamma", gamma, 1e-9, 1.0)
     prior_ = _check_float("prior_bait", prior_bait, 0.0, 1.0)
     if cold is not None and not isinstance(cold, bool):
         raise ParameterError(f"cold must be true, false or null, got {cold!r}")
+    if not isinstance(exclude_outliers, bool):
+        raise ParameterError(f"exclude_outliers must be true or false, got {exclude_outliers!r}")
+    if outlier_embeddings is not None and not exclude_outliers:
+        raise ParameterError("outlier_embeddings is read only with exclude_outliers=true")
     rounds = check_history(history)
     cold_ = is_cold(problem) if cold is None else cold
     if not cold_ and problem.task == "classification" and problem.probs is None:
@@ -387,19 +503,26 @@ def auto(
     qs = np.array([q[a] for a in arms])
     arm = arms[int(rng.choice(len(arms), p=qs / qs.sum()))]
 
+    work, keep, outliers = problem, None, {"checked": False}
+    if exclude_outliers:
+        flagged, outliers = outlier_candidates(problem, outlier_embeddings)
+        if flagged.shape[0]:
+            work, keep = without_rows(problem, flagged, every_row=arm in READS_EVERY_ROW)
     B = problem.batch_size
     n_explore = 0 if B == 1 or arm == "random" else min(B - 1, round(explore_ * B))
     main = B - n_explore
-    sub = replace(problem, batch_size=main, seed=int(rng.integers(2**31)))
+    sub = replace(work, batch_size=main, seed=int(rng.integers(2**31)))
     out = REGISTRY[arm].fn(sub)
     picks = np.asarray(out.indices, dtype=np.int64)
     if n_explore:
-        cand = problem.candidates.cpu().numpy()
+        cand = work.candidates.cpu().numpy()
         rest = cand[~np.isin(cand, picks)]
         g = torch.Generator(device="cpu")
         g.manual_seed(int(rng.integers(2**31)))
         extra = rest[torch.randperm(rest.shape[0], generator=g)[:n_explore].numpy()]
         picks = np.concatenate([picks, extra])
+    if keep is not None:
+        picks = keep[picks]  # rows of the pool without the outliers -> rows of the caller's pool
     pick_arms = [arm] * main + ["random"] * n_explore
     preds: list[Any] = [None] * B
     if problem.probs is not None and not cold_:
@@ -432,6 +555,7 @@ def auto(
                     "per_arm": per_arm,
                 },
                 "summary": line,
+                "outliers": outliers,
                 "round": this_round,
                 "arm_diagnostics": out.diagnostics,
             }

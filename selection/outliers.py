@@ -37,7 +37,7 @@ from selection.errors import InputDataError, ParameterError
 DEFAULT_C = 5.0
 #: Rows the medians and MADs are computed on (a seeded uniform sample when the pool is larger).
 DEFAULT_SAMPLE = 5_000
-_CHUNK = 65_536
+_CHUNK = 8_192
 _MAD_TO_SD = 1.4826
 _MEANAD_TO_SD = 1.2533
 RULE = (
@@ -108,20 +108,44 @@ def _as_tensor(X: Any) -> torch.Tensor:
     return t
 
 
+def _median0(S: torch.Tensor) -> torch.Tensor:
+    """Per-column median of ``S`` as ``torch.median`` gives it (the lower middle value for an even count); on the
+    CPU by numpy's selection on the transposed copy, 4x faster than ``torch.median`` along dim 0 at 5,000 x 128."""
+    if S.device.type != "cpu":
+        return S.median(dim=0).values
+    k = (S.shape[0] - 1) // 2
+    a = np.ascontiguousarray(S.detach().numpy().T)
+    return torch.from_numpy(np.partition(a, k, axis=1)[:, k].copy())
+
+
 def _scales(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-dimension median and robust scale of the sample ``S`` (scale 0 marks a constant dimension)."""
-    med = S.median(dim=0).values
+    med = _median0(S)
     dev = (S - med).abs()
-    mad = dev.median(dim=0).values * _MAD_TO_SD
-    sd = S.std(dim=0) if S.shape[0] > 1 else torch.zeros_like(med)
-    scale = torch.where(mad > 0, mad, sd)
+    scale = _median0(dev) * _MAD_TO_SD
+    zero = scale == 0
+    if bool(zero.any()):  # the standard deviation only where the MAD is 0
+        scale[zero] = S[:, zero].std(dim=0) if S.shape[0] > 1 else 0.0
     return med, scale
 
 
-def _distances(X: torch.Tensor, med: torch.Tensor, scale: torch.Tensor, used: int) -> torch.Tensor:
+def _inverse_scale(scale: torch.Tensor) -> torch.Tensor:
+    """``1 / s_j``, 0 for a constant dimension (ignored: it adds 0 to every row's sum)."""
+    inv = torch.zeros_like(scale)
     live = scale > 0
-    z = (X[:, live] - med[live]) / scale[live]
-    return (z * z).sum(dim=1).div(max(used, 1)).sqrt()
+    inv[live] = 1.0 / scale[live]
+    return inv
+
+
+def _distances(
+    X: torch.Tensor, med: torch.Tensor, inv: torch.Tensor, used: int, out: torch.Tensor, buf: torch.Tensor | None = None
+) -> None:
+    """``out = sqrt(mean over the used dimensions of ((x - m) / s)^2)`` for the float64 rows ``X`` (``inv`` is
+    :func:`_inverse_scale`), as ``x / s - m / s`` in one pass (into ``buf``, a float64 block at least ``X``'s size,
+    when given) and a row norm written into ``out``."""
+    z = torch.addcmul(-med * inv, X, inv) if buf is None else torch.addcmul(-med * inv, X, inv, out=buf[: X.shape[0]])
+    torch.linalg.vector_norm(z, dim=1, out=out)
+    out.div_(math.sqrt(max(used, 1)))
 
 
 def _check_c(c: Any) -> None:
@@ -198,7 +222,8 @@ def fit_stats(S: Any, c: float = DEFAULT_C) -> OutlierStats:
     center, scale_np = med.cpu().numpy(), scale.cpu().numpy()
     if used == 0:  # every dimension is constant on the sample: nothing can stand out but exact copies
         return OutlierStats(center, scale_np, 0, 0.0, 0.0, 0.0, float(c), int(S.shape[0]))
-    d_sample = _distances(S, med, scale, used)
+    d_sample = torch.empty(S.shape[0], dtype=torch.float64, device=S.device)
+    _distances(S, med, _inverse_scale(scale), used, d_sample)
     d_med = float(d_sample.median())
     d_dev = (d_sample - d_med).abs()
     d_mad = float(d_dev.median())
@@ -210,26 +235,36 @@ def fit_stats(S: Any, c: float = DEFAULT_C) -> OutlierStats:
 
 def row_distances(X: Any, stats: OutlierStats, rows: Any = None) -> np.ndarray:
     """Robust distances (float64) of the rows ``rows`` of ``X`` (every row when None) under ``stats``, computed in
-    float64 copies of at most 65,536 rows at a time. A row's distance depends on that row and ``stats`` only,
-    so a shard of the pool gives its rows the distances the whole pool gives them.
+    float64 blocks of at most 8,192 rows (slices of ``X`` when every row is asked for, else gathered copies), so
+    the temporaries stay in cache. A row's distance depends on that row and ``stats`` only, so a shard of the
+    pool gives its rows the distances the whole pool gives them.
 
     Raises:
-        InputDataError: a row checked is not finite.
+        InputDataError: a row checked is not finite (found from its distance: a NaN or inf entry makes it NaN or
+            inf; a block with such a distance is then checked entry by entry, and a finite row whose distance
+            overflowed float64 gets ``inf``, above any cut).
     """
     T = X if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X))
-    idx = np.arange(int(T.shape[0]), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    every = rows is None
+    idx = np.arange(int(T.shape[0]), dtype=np.int64) if every else np.asarray(rows, dtype=np.int64)
+    m = int(idx.shape[0])
     if stats.used == 0:
-        return np.zeros(idx.shape[0], dtype=np.float64)
+        return np.zeros(m, dtype=np.float64)
     med = torch.as_tensor(stats.center, device=T.device)
-    scale = torch.as_tensor(stats.scale, device=T.device)
-    parts = []
-    for start in range(0, idx.shape[0], _CHUNK):  # float64 copies of at most _CHUNK rows at a time
-        rows_t = torch.as_tensor(idx[start : start + _CHUNK], device=T.device)
-        block = T[rows_t].to(torch.float64)
-        if not bool(torch.isfinite(block).all()):
-            raise InputDataError("embeddings contain NaN or inf in the rows checked")
-        parts.append(_distances(block, med, scale, stats.used).cpu().numpy())
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+    inv = _inverse_scale(torch.as_tensor(stats.scale, device=T.device))
+    out = torch.empty(m, dtype=torch.float64, device=T.device)
+    buf = torch.empty(min(m, _CHUNK), int(T.shape[1]), dtype=torch.float64, device=T.device)
+    for start in range(0, m, _CHUNK):
+        stop = min(m, start + _CHUNK)
+        block = T[start:stop] if every else T[torch.as_tensor(idx[start:stop], device=T.device)]
+        block = block.to(torch.float64)
+        part = out[start:stop]
+        _distances(block, med, inv, stats.used, part, buf)
+        if not bool(torch.isfinite(part).all()):
+            if not bool(torch.isfinite(block).all()):
+                raise InputDataError("embeddings contain NaN or inf in the rows checked")
+            part[~torch.isfinite(part)] = math.inf  # a finite row whose squares overflowed float64
+    return out.cpu().numpy()
 
 
 def robust_outliers(
@@ -275,7 +310,7 @@ def robust_outliers(
             raise ParameterError(f"rows must be in [0, {n}), got {int(idx.min())}..{int(idx.max())}")
     S = T[torch.as_tensor(sample_positions(n, sample, seed), device=T.device)] if n > sample else T
     stats = fit_stats(S, c)
-    dist = row_distances(T, stats, idx)
+    dist = row_distances(T, stats, None if rows is None else idx)
     return OutlierReport(
         rows=idx,
         distances=dist,

@@ -30,7 +30,7 @@ from selection.heads import HeadConfig, TrainedHead, save_checkpoint, train_head
 from selection.heads import predict as head_predict
 from service.db import session_scope
 from service.domain import coldstart, pool_size
-from service.domain.strategies import EXCLUDE_OUTLIERS
+from service.domain.strategies import EXCLUDE_OUTLIERS, excludes_outliers
 from service.store import batches as store
 from service.store import quality as quality_store
 from service.store.attempts import close_running, finish_attempt, write_if_running
@@ -214,6 +214,9 @@ def _run_batch(
     params = {} if cold is not None else {k: v for k, v in spec.params.items() if k not in skip}
     if strategy == "auto":
         params["cold"] = auto_cold is not None  # the history is read under the selection lock
+        # the outliers are left out (or only flagged) by the one check every strategy gets here, on the pool's own
+        # embeddings (steering.select_checked, on by default for auto): the library's auto must not check again
+        params[EXCLUDE_OUTLIERS] = False
     chosen: dict[str, Any] = {"strategy_requested": spec.strategy, "strategy_used": strategy, "cold_start": None}
     chosen.update(engine)  # where the batch ran (worker/batch_job.py chose)
     if cold is not None:
@@ -227,7 +230,7 @@ def _load(spec: _BatchSpec, factory: sessionmaker[Session], tracker: Tracker) ->
     """Load the pool: from the worker's pool cache when it has one (memory-mapped, refreshed from the rows that
     changed); a strategy that reads no embeddings (random) loads ids only."""
     # the outlier check reads the pool's embeddings too (a random batch loads them only to exclude outliers)
-    needs_model = bool(selection.STRATEGIES[spec.strategy].inputs) or spec.params.get(EXCLUDE_OUTLIERS) is True
+    needs_model = bool(selection.STRATEGIES[spec.strategy].inputs) or excludes_outliers(spec.strategy, spec.params)
     with session_scope(factory) as s:
         pool = s.get(Pool, spec.pool_id)
         if pool is None:
@@ -335,7 +338,7 @@ def _select_and_store(
                     labeled=data.labeled,
                     reserved=reserved,
                     external_ids=data.external_ids,
-                    exclude=spec.params.get(EXCLUDE_OUTLIERS) is True,
+                    exclude=excludes_outliers(spec.strategy, spec.params),
                     seed=spec.seed,
                     row_ids=data.item_ids,
                 )
@@ -403,10 +406,7 @@ def cold_start_choice(
     opt out with ``params.cold_start = false``."""
     if params.get(coldstart.PARAM) is False or not coldstart.is_model_based(selection.STRATEGIES[requested].inputs):
         return requested, None
-    counts = None
-    if task == "classification":
-        counts = np.bincount(data.y.astype(np.int64), minlength=len(classes or [])).tolist()
-    decision = coldstart.decide(task, int(data.labeled.shape[0]), counts, classes)
+    decision = steering.auto_cold(task, classes, data)  # the one rule: auto is cold exactly when this fires
     return (requested, None) if decision is None else (coldstart.COLD_START_STRATEGY[task], decision)
 
 

@@ -46,7 +46,7 @@ from selection.heads import HeadConfig, TrainedHead, predict, save_checkpoint, t
 from selection.outliers import OutlierStats, row_distances
 from service.db import session_scope
 from service.domain import coldstart
-from service.domain.strategies import EXCLUDE_OUTLIERS
+from service.domain.strategies import EXCLUDE_OUTLIERS, excludes_outliers
 from service.store import content as content_store
 from service.store.models import Pool
 from worker import context, distributed, distributed_bait, distributed_outliers, pool_store, quality, steering, threads
@@ -217,7 +217,7 @@ def _prepare_outliers(
 ) -> _Outliers:
     """The outlier check's cluster passes (see the module): the sample and its statistics, and with
     ``exclude_outliers`` the rows of the whole pool above the cut."""
-    exclude = spec.params.get(EXCLUDE_OUTLIERS) is True
+    exclude = excludes_outliers(spec.strategy, spec.params)
     if spec.strategy == "random" and not exclude:  # reads no embeddings: not checked, as in the worker's process
         return _Outliers(exclude=False)
     settings = context.env().settings

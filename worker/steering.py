@@ -10,7 +10,9 @@ items) and the labels that model was trained on. Batches of other strategies are
 Outliers: :func:`selection.outliers.robust_outliers` on the pool's embeddings. Without
 ``exclude_outliers`` the picks it flags are named in the batch (``diagnostics.outliers``); with it the
 flagged candidates are left out of the pool the strategy sees, so the batch keeps its size with the next
-picks the strategy makes.
+picks the strategy makes. ``auto`` excludes by default (``service.domain.strategies.excludes_outliers``), here,
+like every strategy: the worker turns the library's own check of ``auto`` off, and ``diagnostics.auto.outliers``
+says what this check did.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ NOT_CHECKED = {"checked": False, "reason": "the strategy reads no embeddings (se
 
 
 def auto_cold(task: str, classes: list[str] | None, data: PoolArrays) -> coldstart.ColdStart | None:
-    """The service's cold-start rule on the pool's labels (``auto`` then plays the model-free arms)."""
+    """The service's cold-start rule on the pool's labels: ``auto`` plays the model-free arms when it fires, and a
+    fixed model-based strategy is replaced by the cold-start strategy (``worker.batch.cold_start_choice``, which
+    calls this, unless ``params.cold_start`` is false: a parameter ``auto`` refuses)."""
     counts = None
     if task == "classification":
         counts = np.bincount(data.y.astype(np.int64), minlength=len(classes or [])).tolist()
@@ -83,6 +87,19 @@ def _index(a: Any, keep: np.ndarray) -> Any:
     return a[keep]
 
 
+def _note_auto(out: Any, *, excluded: bool, n_excluded: int, n_flagged: int) -> None:
+    """``diagnostics.auto.outliers`` of an ``auto`` batch: what the worker's check did (the library's was off)."""
+    auto = out.diagnostics.get("auto")
+    if isinstance(auto, dict):
+        auto["outliers"] = {
+            "checked": True,
+            "on": "the pool's embeddings (the batch's check: diagnostics.outliers)",
+            "excluded": excluded,
+            "n_excluded": n_excluded,
+            "n_flagged": n_flagged,
+        }
+
+
 def select_checked(
     run: Callable[..., Any],
     *,
@@ -114,6 +131,7 @@ def select_checked(
             for r, d, f in zip(rep.rows, rep.distances, rep.flagged, strict=True)
             if f
         ]
+        _note_auto(out, excluded=False, n_excluded=0, n_flagged=len(items))
         return out, {**rep.as_dict(), "checked": True, "excluded": False, "items": items}
     rep = robust_outliers(raw, seed=seed)
     design = np.zeros(n, dtype=bool)
@@ -132,6 +150,7 @@ def select_checked(
     auto = out.diagnostics.get("auto")
     if isinstance(auto, dict) and isinstance(auto.get("round"), dict):
         auto["round"]["picks"] = out.indices.tolist()
+    _note_auto(out, excluded=True, n_excluded=int(drop.sum()), n_flagged=int(rep.flagged.sum()))
     summary = rep.as_dict()
     summary.update(n_checked=n, n_flagged=int(rep.flagged.sum()))
     return out, {

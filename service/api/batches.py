@@ -33,7 +33,8 @@ class BatchCreate(RequestModel):
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="strategy parameters, plus `seed`, `cold_start` and `exclude_outliers` (true: leave the picks "
-        "the outlier rule flags out of the batch, which keeps its size)",
+        "the outlier rule flags out of the batch, which keeps its size; default true for strategy auto, false for "
+        "the others)",
     )
 
 
@@ -58,7 +59,7 @@ class BatchOut(BaseModel):
         default=None,
         description="the picks that lie far outside the pool's distribution (robust rule, see "
         "diagnostics.outliers and docs/auto-and-stopping.md); [] when none, null when not checked. "
-        "params.exclude_outliers=true leaves them out of the batch",
+        "params.exclude_outliers=true (the default of strategy auto) leaves them out of the batch",
     )
     objective: float | None
     diagnostics: dict[str, Any] = Field(

@@ -59,7 +59,7 @@ def validate_request(
             f"size {size} is more than the {available} item(s) available (unlabeled and not reserved) in the pool",
             details={"available": available},
         )
-    reads_embeddings = bool(spec.inputs) or params.get(strategies.EXCLUDE_OUTLIERS) is True
+    reads_embeddings = bool(spec.inputs) or strategies.excludes_outliers(spec.name, params)
     n_items = store.count_items(session, pool.id)
     pool_size.check_batch(
         settings, n_items, int(pool.embedding_dim), spec.name, params, reads_embeddings=reads_embeddings

@@ -25,7 +25,7 @@ COMMON_PARAMS: dict[str, tuple[str, Any]] = {"seed": ("int", None)}
 
 # Strategy parameters that take per-row arrays: listed (the catalog mirrors the signatures) but not
 # settable through the service, whose clients do not know the pool's row order.
-ARRAY_PARAMS = frozenset({"fisher_weights"})
+ARRAY_PARAMS = frozenset({"fisher_weights", "outlier_embeddings"})
 
 # auto's parameters that a pool batch builds itself (the worker reads the pool's earlier batches and its
 # cold-start rule); a request may set them on POST /v1/select only.
@@ -36,6 +36,16 @@ AUTO_ROUND_KEYS = ("arm", "arms", "picks", "labels", "predictions", "probabiliti
 AUTO_MAX_ROUNDS = 10_000
 #: ``params.exclude_outliers`` (pool batches): drop the picks the robust outlier rule flags (selection.outliers).
 EXCLUDE_OUTLIERS = "exclude_outliers"
+#: Strategies whose pool batches exclude outliers unless ``params.exclude_outliers`` is false (the library's
+#: ``auto`` leaves them out by default too: selection.auto).
+EXCLUDE_OUTLIERS_BY_DEFAULT = frozenset({"auto"})
+
+
+def excludes_outliers(strategy: str, params: Mapping[str, Any]) -> bool:
+    """Whether a pool batch leaves the candidates the outlier rule flags out of the pool its strategy sees:
+    ``params.exclude_outliers`` when sent, else true for :data:`EXCLUDE_OUTLIERS_BY_DEFAULT` (``auto``) and false
+    for the others. The worker, the pool-size check and the cluster path all ask this."""
+    return params.get(EXCLUDE_OUTLIERS, strategy in EXCLUDE_OUTLIERS_BY_DEFAULT) is True
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,8 @@ CATALOG: dict[str, StrategySpec] = {
             gamma=("float", 0.1),
             prior_bait=("float", 0.9),
             cold=("bool | None", None),
+            exclude_outliers=("bool", True),
+            outlier_embeddings=("Any", None),
         ),
         _spec(
             "kmeanspp",
@@ -289,11 +301,13 @@ def check_request(
         raise BadRequest(f"params must be an object, got {type(params).__name__}")
     params_in = params
     extra: dict[str, Any] = {}
-    if EXCLUDE_OUTLIERS in params:
+    if EXCLUDE_OUTLIERS in params and (batch or spec.name not in EXCLUDE_OUTLIERS_BY_DEFAULT):
+        # a pool batch's own parameter (the worker applies it); on /v1/select only auto's, checked below
         value = params[EXCLUDE_OUTLIERS]
         if not batch:
             raise BadRequest(
-                "params.exclude_outliers applies to pool batches only (the pool's distribution is known there); "
+                "params.exclude_outliers applies to pool batches only (the pool's distribution is known there), "
+                "and on POST /v1/select to strategy 'auto' (the library's auto checks the embeddings you send); "
                 "remove it from POST /v1/select",
                 details={"param": EXCLUDE_OUTLIERS},
             )

@@ -59,8 +59,15 @@ def test_auto_history_is_kept_as_a_library_caller_keeps_it(smoke: Path) -> None:
         # the history the hook builds is valid for the library and carries labels, validation and n_labels
         setting, X_val, y_val, stop_rows = auto_heldout.make_setting(cfg, auto_heldout.SMOKE, 1e-2)
         hook = auto_heldout.AutoHook(setting, X_val, y_val, stop_rows, log)
-        state = SimpleNamespace(spec=SimpleNamespace(strategy="auto", name="auto"), seed=seed, rnd=2)  # what it reads
-        history = hook.select_params(state)["history"]  # type: ignore[arg-type]
+        spec = SimpleNamespace(strategy="auto", name="auto", params={})
+        state = SimpleNamespace(spec=spec, seed=seed, rnd=2)  # what it reads
+        params = hook.select_params(state)  # type: ignore[arg-type]
+        history = params["history"]
+        assert params["outlier_embeddings"] is setting.split.X_pool  # the pool's own inputs, as the service checks
+        spec.params = dict(auto_heldout.auto_spec("auto-keep-outliers", "classification").params)
+        assert spec.params == {"exclude_outliers": False}
+        assert "outlier_embeddings" not in hook.select_params(state)  # type: ignore[arg-type]
+        spec.params = {}
         rounds = check_history(history)
         assert [r.n_labels for r in rounds] == LABELS[:2]
         assert all(r.validation is not None for r in rounds)

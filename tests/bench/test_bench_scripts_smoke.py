@@ -150,10 +150,10 @@ def test_upload_scale_smoke_uploads_in_blocks_and_times_the_reads() -> None:
         assert int(rows.replace(",", "")) in (1000, 3000) and dim == "16", line
         assert all(math.isfinite(float(v.replace(",", ""))) and float(v.replace(",", "")) > 0 for v in (seconds, rate))
         assert 50 < float(peak_mb) < 4000, line
-    rows = _table(out)
+    table = _table(out)
     for name in ("GET pool (counts)", "GET items, last page (cursor)", "GET items ?status=unlabeled, first page"):
-        median_ms, worst_ms = rows[name]
-        assert 0 < float(median_ms) <= float(worst_ms), (name, rows[name])
+        median_ms, worst_ms = table[name]
+        assert 0 < float(median_ms) <= float(worst_ms), (name, table[name])
 
 
 def test_pool_cache_smoke_serves_warm_batches_without_reading_the_pool() -> None:
@@ -224,24 +224,29 @@ def test_distributed_scale_smoke_runs_bait_on_a_real_cluster_with_the_single_pro
 
 def test_auto_cost_smoke_times_auto_against_the_arm_it_plays(tmp_path: Path) -> None:
     """bench/auto_cost.py at its smoke size: every case's history makes auto play the arm named (the script raises
-    otherwise), and each row has auto's time, the fixed strategy's and the overheads."""
-    out = _run([str(ROOT / "bench" / "auto_cost.py"), "--smoke", "--json", str(tmp_path / "auto.json")], timeout=300)
+    otherwise), and each row has auto's time, the fixed strategy's and the overheads, auto's time without its outlier
+    check and the fixed strategy's with the service's picks check; two planted corrupt rows are left out."""
+    argv = [str(ROOT / "bench" / "auto_cost.py"), "--smoke", "--corrupt", "2", "--json", str(tmp_path / "auto.json")]
+    out = _run(argv, timeout=300)
     rows = _table(out)
-    assert rows.pop("case")[:2] == ["arm", "E"], out  # the header
+    assert rows.pop("case")[:3] == ["arm", "E", "excluded"], out  # the header
     expected = {"bait round": ("bait", 1), "margin round": ("margin", 1), "random round": ("random", 0)}
     expected["margin, explore 0.5"] = ("margin", 5)
     assert set(rows) == set(expected), out
     for name, (arm, n_explore) in expected.items():
-        got_arm, got_e, auto_s, fixed_s, vs_fixed, arm_s, vs_arm, calls, load = rows[name]
-        assert (got_arm, int(got_e)) == (arm, n_explore), (name, rows[name])
-        seconds = [float(v) for cell in (auto_s, fixed_s) for v in cell.split(" / ")]
+        cells = rows[name]
+        got_arm, got_e, excluded, auto_s, fixed_s, vs_fixed, arm_s, vs_arm = cells[:8]
+        nocheck_s, checked_s, vs_checked, calls, load = cells[8:]
+        assert (got_arm, int(got_e), int(excluded)) == (arm, n_explore, 2), (name, rows[name])
+        seconds = [float(v) for cell in (auto_s, fixed_s, nocheck_s, checked_s) for v in cell.split(" / ")]
         assert all(math.isfinite(s) and s > 0 for s in seconds), (name, rows[name])
-        assert all(math.isfinite(float(v)) for v in vs_fixed.split(", ")), (name, rows[name])
+        assert all(math.isfinite(float(v)) for cell in (vs_fixed, vs_checked) for v in cell.split(", ")), name
         if n_explore:  # auto against the arm at the B - E slots it fills
             assert float(arm_s.split(" / ")[0]) > 0 and len(vs_arm.split(", ")) == 2, (name, rows[name])
         else:
             assert arm_s == vs_arm == "-", (name, rows[name])
         assert int(calls) >= 2 and float(load) >= 0
     assert "auto adds at most 10 % to the fixed strategy's time (min over repeats) on every case:" in out
+    assert "against the fixed strategy with the service's picks check:" in out
     saved = json.loads((tmp_path / "auto.json").read_text())
     assert [r["case"] for r in saved["results"]] == list(expected) and saved["args"]["n"] == 3_000

@@ -1,5 +1,6 @@
 """The ``auto`` strategy: reproducible rounds, exploration picks, the bandit moving towards the arm whose
-rounds pay, the validation-gains evidence line, cold arms, and the history's validation."""
+rounds pay, the validation-gains evidence line, cold arms (the library's rule: cold only when the model arms
+cannot run), the outliers left out before the arm selects, and the history's and parameters' validation."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from selection import STRATEGIES, ParameterError, select
-from selection.auto import COLD_ARMS, WARM_ARMS, bandit, check_history
+from selection import STRATEGIES, InputDataError, ParameterError, select
+from selection.auto import ALL_ARMS, COLD_ARMS, READS_EVERY_ROW, WARM_ARMS, bandit, check_history, without_rows
+from selection.outliers import robust_outliers
+from selection.problem import REGISTRY
+from selection.validation import build_problem
 
 
 def pool(n: int = 300, d: int = 5, k: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -42,7 +46,16 @@ def test_registered_for_both_tasks_model_optional() -> None:
     info = STRATEGIES["auto"]
     assert info.tasks == ("classification", "regression")
     assert info.inputs == ("embeddings",)
-    assert set(info.params) == {"history", "explore", "gamma", "prior_bait", "cold"}
+    assert set(info.params) == {
+        "history",
+        "explore",
+        "gamma",
+        "prior_bait",
+        "cold",
+        "exclude_outliers",
+        "outlier_embeddings",
+    }
+    assert info.params["exclude_outliers"] is True and info.params["outlier_embeddings"] is None
 
 
 def test_same_seed_same_round_and_explore_share() -> None:
@@ -86,6 +99,25 @@ def test_cold_pool_uses_model_free_arms() -> None:
         assert d["round"]["predictions"] == [None] * 8
 
 
+def test_library_cold_rule_is_the_fixed_strategies_one() -> None:
+    """Without ``cold`` a pool is cold only where the model arms cannot run: a classification pool with probs is
+    warm even below 2 labels per class (the library's fixed bait runs there too, on the head that gave the probs),
+    a regression pool with one label is warm; no probs, or no regression label, is cold. ``cold`` overrides."""
+    X, P, _ = pool(k=3)
+    for labeled in (np.arange(0), np.arange(4)):  # 0 and 4 labels for 3 classes: fewer than 2 per class
+        d = select("auto", embeddings=X, probs=P, labeled=labeled, batch_size=6, seed=1).diagnostics["auto"]
+        assert d["cold"] is False and d["arms_in_play"] == list(WARM_ARMS["classification"])
+        assert d["round"]["predictions"] == P[d["round"]["picks"]].argmax(1).tolist()
+        fixed = select("bait", embeddings=X, probs=P, labeled=labeled, batch_size=6, seed=1)
+        assert fixed.indices.shape == (6,)  # what auto is compared with runs on the same pool
+    one = select("auto", embeddings=X, labeled=[0], batch_size=6, seed=1, task="regression").diagnostics["auto"]
+    assert one["cold"] is False and one["arms_in_play"] == list(WARM_ARMS["regression"])
+    none = select("auto", embeddings=X, batch_size=6, seed=1, task="regression").diagnostics["auto"]
+    assert none["cold"] is True
+    forced = select("auto", embeddings=X, probs=P, labeled=np.arange(4), batch_size=6, seed=1, cold=True)
+    assert forced.diagnostics["auto"]["cold"] is True and forced.diagnostics["auto"]["arm"] in COLD_ARMS
+
+
 def test_warm_classification_without_probs_is_refused() -> None:
     X, _, _ = pool()
     with pytest.raises(ParameterError, match="needs probs"):
@@ -94,7 +126,7 @@ def test_warm_classification_without_probs_is_refused() -> None:
 
 def test_bandit_moves_towards_the_arm_whose_model_is_accurate() -> None:
     q = dict.fromkeys(WARM_ARMS["classification"], 0.25)
-    rounds = []
+    rounds: list[dict[str, Any]] = []
     for t in range(12):
         arm = ("bait", "margin")[t % 2]
         # the model trained after a bait round is right on the next round's uniform picks; after margin, wrong
@@ -123,7 +155,7 @@ def test_the_prior_starts_on_bait_and_evidence_moves_it() -> None:
     )
     uniform, _ = bandit([], arms, GAMMA, "classification", prior_bait=0.25)
     assert uniform == pytest.approx(dict.fromkeys(arms, 0.25))
-    rounds = []
+    rounds: list[dict[str, Any]] = []
     for t in range(30):
         arm = ("bait", "margin")[t % 2]
         after_margin = t > 0 and rounds[-1]["arm"] == "margin"
@@ -221,3 +253,114 @@ def test_cold_rounds_without_validation_do_not_block_validation_evidence() -> No
     assert ev.mode == "validation"
     assert [(t, a) for t, a, _ in ev.rewards] == [(2, "bait"), (3, "margin")]
     assert ev.gains == [("bait", pytest.approx(100.0)), ("margin", pytest.approx(0.0))]
+
+
+def corrupt_regression_pool(n: int = 200, d: int = 4, bad: int = 123) -> tuple[np.ndarray, int]:
+    X = np.random.default_rng(7).normal(size=(n, d))
+    X[bad] *= 1e3  # one corrupt row: BAIT's Fisher x x^T is largest there
+    return X, bad
+
+
+def test_outliers_are_left_out_before_the_arm_selects() -> None:
+    """A newcomer's pool with one corrupt row: the fixed bait picks it, auto playing bait does not (by default),
+    its diagnostics say what was left out, and ``exclude_outliers=False`` gives bait's pick back."""
+    X, bad = corrupt_regression_pool()
+    labeled = np.arange(10)
+    assert bad in select("bait", embeddings=X, labeled=labeled, batch_size=8, task="regression", seed=0).indices
+    common: dict[str, Any] = {"embeddings": X, "labeled": labeled, "batch_size": 8, "task": "regression"}
+    arms = set()
+    for seed in range(12):  # bait and random rounds, exploration picks included
+        r = select("auto", seed=seed, **common)
+        d = r.diagnostics["auto"]
+        arms.add(d["arm"])
+        assert bad not in r.indices and len(set(r.indices.tolist())) == 8 and not set(r.indices) & set(labeled)
+        assert d["round"]["picks"] == r.indices.tolist()
+        out = d["outliers"]
+        assert out["checked"] is True and out["on"] == "embeddings"
+        assert out["n_excluded"] == out["n_flagged"] == 1 and out["excluded_rows"] == [bad]
+        assert out["n_checked"] == 190 and out["kept_back"] == [] and out["c"] == 5.0
+    assert arms == {"bait", "random"}
+    seed = next(s for s in range(12) if select("auto", seed=s, **common).diagnostics["auto"]["arm"] == "bait")
+    off = select("auto", seed=seed, exclude_outliers=False, **common)
+    assert bad in off.indices and off.diagnostics["auto"]["outliers"] == {"checked": False}
+
+
+def test_a_clean_pool_gets_the_same_round_with_or_without_the_check() -> None:
+    X, P, _ = pool()
+    assert not robust_outliers(X).flagged.any()
+    for seed in range(6):
+        on = select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=seed)
+        off = select(
+            "auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=seed, exclude_outliers=False
+        )
+        np.testing.assert_array_equal(on.indices, off.indices)
+        assert on.diagnostics["auto"]["outliers"]["n_excluded"] == 0
+
+
+def test_outlier_embeddings_are_what_the_rule_reads() -> None:
+    """The rule reads the pool's own embeddings when given (a model's features may hide the corrupt row)."""
+    X, bad = corrupt_regression_pool()
+    features = np.random.default_rng(8).normal(size=X.shape)  # a head's features, in which row 123 is ordinary
+    common: dict[str, Any] = {"labeled": np.arange(10), "batch_size": 8, "task": "regression", "seed": 0}
+    plain = select("auto", embeddings=features, **common).diagnostics["auto"]["outliers"]
+    assert plain["on"] == "embeddings" and bad not in plain["excluded_rows"]
+    r = select("auto", embeddings=features, outlier_embeddings=X, **common)
+    out = r.diagnostics["auto"]["outliers"]
+    assert out["on"] == "outlier_embeddings" and out["excluded_rows"] == [bad] and bad not in r.indices
+
+
+def test_too_few_candidates_without_the_outliers_keeps_the_least_extreme_back() -> None:
+    X, bad = corrupt_regression_pool(n=40, bad=30)
+    X[31] *= 1e4
+    labeled = np.arange(30)  # 10 candidates, 2 of them flagged; a batch of 9 needs one of them back
+    r = select("auto", embeddings=X, labeled=labeled, batch_size=9, task="regression", seed=0)
+    out = r.diagnostics["auto"]["outliers"]
+    assert out["n_flagged"] == 2 and out["n_excluded"] == 1 and out["kept_back"] == [bad]
+    assert out["excluded_rows"] == [31] and sorted(r.indices.tolist()) == [bad, *range(32, 40)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"exclude_outliers": "yes"}, ParameterError, "exclude_outliers must be true or false"),
+        ({"exclude_outliers": 1}, ParameterError, "exclude_outliers must be true or false"),
+        ({"outlier_embeddings": [[1.0]] * 200}, ParameterError, "outlier_embeddings must be an n x d array"),
+        ({"outlier_embeddings": np.ones((199, 4))}, ParameterError, r"shape \(200, d\)"),
+        ({"outlier_embeddings": np.ones((200, 4)), "exclude_outliers": False}, ParameterError, "read only with"),
+        ({"outlier_embeddings": np.full((200, 4), np.nan)}, InputDataError, "NaN or inf"),
+    ],
+)
+def test_bad_outlier_parameters_are_refused(kwargs: dict[str, Any], err: type, match: str) -> None:
+    X, _ = corrupt_regression_pool()
+    with pytest.raises(err, match=match):
+        select("auto", embeddings=X, labeled=np.arange(10), batch_size=4, task="regression", **kwargs)
+
+
+@pytest.mark.parametrize("arm", sorted(ALL_ARMS - READS_EVERY_ROW))
+def test_arms_that_read_only_candidates_select_the_same_without_the_copy(arm: str) -> None:
+    """Leaving the outliers out of the candidates only (no copy of the pool) is, for an arm that reads nothing but
+    the candidates and the design, the selection it makes on the pool without them (what bait and typiclust get)."""
+    X, P, _ = pool(n=120)
+    X[[30, 77]] *= 1e3
+    problem = build_problem(
+        embeddings=X,
+        probs=P,
+        labeled=np.arange(10),
+        reserved=[50, 51],
+        batch_size=6,
+        task="classification",
+        seed=5,
+        device="cpu",
+        dtype=None,
+        chunk_size=64,
+        progress=None,
+    )
+    rows = np.array([30, 77])
+    light, same = without_rows(problem, rows, every_row=False)
+    full, keep = without_rows(problem, rows, every_row=True)
+    assert same is None and keep is not None and full.n == 118 and light.n == 120
+    assert full.reserved.tolist() == [49, 50] and light.candidates.numel() == full.candidates.numel() == 106
+    a = np.asarray(REGISTRY[arm].fn(light).indices)
+    b = keep[np.asarray(REGISTRY[arm].fn(full).indices)]
+    np.testing.assert_array_equal(a, b)
+    assert not {30, 77, 50, 51} & set(a.tolist())

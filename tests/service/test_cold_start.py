@@ -17,6 +17,8 @@ from tests.service.test_batches import count_rows, get_batch, post_batch
 from tests.service.test_web import _sign_in
 from tests.worker.factories import CLASSES, label_items, make_pool
 
+WARM = {"bait", "badge", "margin", "random"}
+
 
 def run_batch(client: TestClient, auth: dict[str, str], run_jobs: Any, pool_id: str, **body: Any) -> dict[str, Any]:
     r = post_batch(client, auth, pool_id, **body)
@@ -138,6 +140,25 @@ def test_threshold_boundary(
         assert diag["cold_start"] is None
         assert batch["checkpoint_id"] is not None
     assert not set(batch["item_ids"]) & set(pool.external_ids[: sum(per_class)])
+
+
+@pytest.mark.parametrize(
+    ("per_class", "cold"), [([2, 2, 2], False), ([2, 2, 1], True), ([4, 3, 0], True), ([10, 10, 10], False)]
+)
+def test_auto_is_cold_exactly_where_a_fixed_bait_is_cold_started(
+    client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any, per_class: list[int], cold: bool
+) -> None:
+    """auto (the library's rule would call every one of these pools warm: it has the head's probs) gets the service's
+    cold-start rule, the one its fixed bait obeys: model-free arms exactly where bait is replaced by typiclust."""
+    pool = labeled_pool(db, per_class)
+    fixed = run_batch(client, auth, run_jobs, pool.pool_id, size=5, strategy="bait")
+    client.post(f"/v1/pools/{pool.pool_id}/batches/{fixed['id']}/cancel", headers=auth)
+    auto = run_batch(client, auth, run_jobs, pool.pool_id, size=5, strategy="auto", params={"seed": 1})
+    assert (fixed["diagnostics"]["strategy_used"] == "typiclust") is cold
+    assert auto["diagnostics"]["auto"]["cold"] is cold
+    assert auto["diagnostics"]["auto"]["arm"] in ({"typiclust", "kmeanspp", "random"} if cold else WARM)
+    assert (auto["checkpoint_id"] is None) is cold  # no head trained while cold, as for the fixed strategy
+    assert auto["diagnostics"]["cold_start"] == fixed["diagnostics"]["cold_start"]
 
 
 def test_regression_cold_only_without_labels(
