@@ -13,7 +13,7 @@ replaced by a cold-start strategy too. Without ``cold`` the library's own rule a
 pool is cold only when the model arms cannot run (classification without ``probs``, regression without a
 label), as the library's fixed ``bait``, which has no cold rule, runs on whatever head gave the ``probs``.
 
-Outliers. By default (``exclude_outliers``) the candidates that the pool's robust outlier rule flags
+Outliers. With ``exclude_outliers`` (off by default) the candidates that the pool's robust outlier rule flags
 (:func:`selection.outliers.robust_outliers`, the rule of the service's ``params.exclude_outliers``, on
 ``outlier_embeddings``: the pool's own embeddings, or ``embeddings`` when not given) are left out of the pool
 before the arm selects and before the exploration draw: BAIT seeks extreme inputs and picks a corrupt row
@@ -441,7 +441,7 @@ def auto(
     gamma: float = GAMMA,
     prior_bait: float = PRIOR_BAIT,
     cold: bool | None = None,
-    exclude_outliers: bool = True,
+    exclude_outliers: bool = False,
     outlier_embeddings: Any = None,
 ) -> StrategyOutput:
     """One round of the ``auto`` bandit (see the module for the rule).
@@ -463,7 +463,8 @@ def auto(
             passes its cold-start rule); ``None`` applies :func:`is_cold` (cold only without ``probs`` for
             classification, without a label for regression).
         exclude_outliers: leave the candidates that the robust outlier rule flags out of the pool before the
-            arm selects and before the exploration draw (see the module); ``False`` keeps every candidate.
+            arm selects and before the exploration draw (see the module); ``False`` (the default, chosen on the
+            tune half) keeps every candidate.
         outlier_embeddings: ``n x d'`` embeddings the rule reads, one row per pool row: the pool's own
             embeddings when ``embeddings`` are a model's features (what the service checks; the rule on a
             head's ReLU features flags rows the pool's inputs do not); ``None`` reads ``embeddings``.

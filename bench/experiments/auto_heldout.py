@@ -25,10 +25,11 @@ loop keeps ``auto``'s history the way ``docs/auto-and-stopping.md`` says a libra
 round it takes ``diagnostics["auto"]["round"]``, fills in ``labels`` (the picks' true labels, which the
 harness reveals before the next round) and sets ``validation`` (the validation score of the head that
 selected the round) and ``n_labels`` (the labels that head was trained on); the next round passes every
-earlier entry as ``history``. So ``auto`` runs in its validation-gain mode from its second round on. It also
-passes the pool's own inputs as ``outlier_embeddings``, as the service's outlier check reads the pool's
-embeddings, not the head's features: ``auto`` leaves the candidates the robust outlier rule flags there out of
-the pool before its arm selects (its default ``exclude_outliers``); the fixed strategies run without the check.
+earlier entry as ``history``. So ``auto`` runs in its validation-gain mode from its second round on. ``auto``
+runs with its default, ``exclude_outliers`` off, as the fixed strategies do; the variant
+``auto-exclude-outliers`` turns the check on and passes the pool's own inputs as ``outlier_embeddings`` (as the
+service's outlier check reads the pool's embeddings, not the head's features), so ``auto`` leaves the candidates
+the robust outlier rule flags there out of the pool before its arm selects.
 ``auto`` is cold by the library's rule (only without ``probs``), so with ``m0`` initial labels it plays model
 arms from the first round, as the fixed strategies do.
 
@@ -154,10 +155,13 @@ def is_auto(name: str) -> bool:
 
 def auto_spec(name: str, task: str) -> StrategySpec:
     """``auto`` (library defaults) or a variant: ``auto-uniform`` (uniform prior: ``prior_bait = 1 / K``, gamma
-    0.2, the bandit before the prior was chosen), ``auto-keep-outliers`` (the defaults with ``exclude_outliers``
-    off: what the outlier check changes) or ``auto-p<prior_bait>-g<gamma>``."""
+    0.2, the bandit before the prior was chosen), ``auto-exclude-outliers`` (the defaults with the outlier check
+    on), ``auto-keep-outliers`` (the check off, explicitly: the default since the check was measured) or
+    ``auto-p<prior_bait>-g<gamma>``."""
     if name == AUTO:
         return StrategySpec(AUTO, "auto")
+    if name == AUTO + "-exclude-outliers":
+        return StrategySpec(name, "auto", params={"exclude_outliers": True})
     if name == AUTO + "-keep-outliers":
         return StrategySpec(name, "auto", params={"exclude_outliers": False})
     k = len(CLASSIFICATION_FIXED if task == "classification" else REGRESSION_FIXED)
@@ -170,7 +174,8 @@ def auto_spec(name: str, task: str) -> StrategySpec:
         return StrategySpec(name, "auto", params={"prior_bait": float(parts[1][1:]), "gamma": float(parts[2][1:])})
     except ValueError:
         raise SystemExit(
-            f"unknown auto variant {name!r}: use auto, auto-uniform, auto-keep-outliers or auto-p<prior>-g<gamma>"
+            f"unknown auto variant {name!r}: use auto, auto-uniform, auto-exclude-outliers, auto-keep-outliers or "
+            "auto-p<prior>-g<gamma>"
         ) from None
 
 
@@ -310,7 +315,7 @@ class AutoHook:
             entry["validation"] = rec["validation"]  # the score of the head that selected the round
             entry["n_labels"] = rec["labels"]  # the labels that head was trained on
             history.append(entry)
-        if state.spec.params.get("exclude_outliers", True) is False:
+        if state.spec.params.get("exclude_outliers", False) is not True:
             return {"history": history}
         # the outlier rule reads the pool's own inputs, as the service's check does (not the head's features)
         return {"history": history, "outlier_embeddings": self.setting.split.X_pool}
@@ -740,8 +745,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategies",
         default=None,
-        help="comma-separated: fixed strategies and auto variants (auto, auto-uniform, auto-keep-outliers, "
-        "auto-p<prior>-g<gamma>); "
+        help="comma-separated: fixed strategies and auto variants (auto, auto-uniform, auto-exclude-outliers, "
+        "auto-keep-outliers, auto-p<prior>-g<gamma>); "
         "default: the fixed strategies and auto",
     )
     p.add_argument("--seeds", default=None, help="'10' (= 0-9), '0-9' or '0,3' (default 10; smoke 2)")

@@ -36,16 +36,17 @@ AUTO_ROUND_KEYS = ("arm", "arms", "picks", "labels", "predictions", "probabiliti
 AUTO_MAX_ROUNDS = 10_000
 #: ``params.exclude_outliers`` (pool batches): drop the picks the robust outlier rule flags (selection.outliers).
 EXCLUDE_OUTLIERS = "exclude_outliers"
-#: Strategies whose pool batches exclude outliers unless ``params.exclude_outliers`` is false (the library's
-#: ``auto`` leaves them out by default too: selection.auto).
-EXCLUDE_OUTLIERS_BY_DEFAULT = frozenset({"auto"})
+#: Strategies whose library function takes ``exclude_outliers`` itself, so ``POST /v1/select`` accepts it for them
+#: (``auto``: selection.auto). Off unless asked, for pool batches too: on the tune half the check cost ``auto``
+#: a dataset (concrete) and gained none, and it added 20-30 % to a cheap round (docs/results/auto/README.md).
+OUTLIER_PARAM_ON_SELECT = frozenset({"auto"})
 
 
 def excludes_outliers(strategy: str, params: Mapping[str, Any]) -> bool:
     """Whether a pool batch leaves the candidates the outlier rule flags out of the pool its strategy sees:
-    ``params.exclude_outliers`` when sent, else true for :data:`EXCLUDE_OUTLIERS_BY_DEFAULT` (``auto``) and false
-    for the others. The worker, the pool-size check and the cluster path all ask this."""
-    return params.get(EXCLUDE_OUTLIERS, strategy in EXCLUDE_OUTLIERS_BY_DEFAULT) is True
+    ``params.exclude_outliers`` is true (off by default, for every strategy). The worker, the pool-size check and
+    the cluster path all ask this."""
+    return params.get(EXCLUDE_OUTLIERS) is True
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ CATALOG: dict[str, StrategySpec] = {
             gamma=("float", 0.1),
             prior_bait=("float", 0.9),
             cold=("bool | None", None),
-            exclude_outliers=("bool", True),
+            exclude_outliers=("bool", False),
             outlier_embeddings=("Any", None),
         ),
         _spec(
@@ -301,7 +302,7 @@ def check_request(
         raise BadRequest(f"params must be an object, got {type(params).__name__}")
     params_in = params
     extra: dict[str, Any] = {}
-    if EXCLUDE_OUTLIERS in params and (batch or spec.name not in EXCLUDE_OUTLIERS_BY_DEFAULT):
+    if EXCLUDE_OUTLIERS in params and (batch or spec.name not in OUTLIER_PARAM_ON_SELECT):
         # a pool batch's own parameter (the worker applies it); on /v1/select only auto's, checked below
         value = params[EXCLUDE_OUTLIERS]
         if not batch:

@@ -63,7 +63,11 @@ def test_auto_history_is_kept_as_a_library_caller_keeps_it(smoke: Path) -> None:
         state = SimpleNamespace(spec=spec, seed=seed, rnd=2)  # what it reads
         params = hook.select_params(state)  # type: ignore[arg-type]
         history = params["history"]
-        assert params["outlier_embeddings"] is setting.split.X_pool  # the pool's own inputs, as the service checks
+        assert "outlier_embeddings" not in params  # auto's default: no outlier check
+        spec.params = dict(auto_heldout.auto_spec("auto-exclude-outliers", "classification").params)
+        assert spec.params == {"exclude_outliers": True}
+        on = hook.select_params(state)  # type: ignore[arg-type]
+        assert on["outlier_embeddings"] is setting.split.X_pool  # the pool's own inputs, as the service checks
         spec.params = dict(auto_heldout.auto_spec("auto-keep-outliers", "classification").params)
         assert spec.params == {"exclude_outliers": False}
         assert "outlier_embeddings" not in hook.select_params(state)  # type: ignore[arg-type]

@@ -224,8 +224,9 @@ def test_distributed_scale_smoke_runs_bait_on_a_real_cluster_with_the_single_pro
 
 def test_auto_cost_smoke_times_auto_against_the_arm_it_plays(tmp_path: Path) -> None:
     """bench/auto_cost.py at its smoke size: every case's history makes auto play the arm named (the script raises
-    otherwise), and each row has auto's time, the fixed strategy's and the overheads, auto's time without its outlier
-    check and the fixed strategy's with the service's picks check; two planted corrupt rows are left out."""
+    otherwise), and each row has auto's time (its default: no outlier check), the fixed strategy's and the overheads,
+    auto's time with its pool outlier check and the fixed strategy's with the service's picks check; two planted
+    corrupt rows are left out by the checked auto."""
     argv = [str(ROOT / "bench" / "auto_cost.py"), "--smoke", "--corrupt", "2", "--json", str(tmp_path / "auto.json")]
     out = _run(argv, timeout=300)
     rows = _table(out)

@@ -55,7 +55,7 @@ def test_registered_for_both_tasks_model_optional() -> None:
         "exclude_outliers",
         "outlier_embeddings",
     }
-    assert info.params["exclude_outliers"] is True and info.params["outlier_embeddings"] is None
+    assert info.params["exclude_outliers"] is False and info.params["outlier_embeddings"] is None
 
 
 def test_same_seed_same_round_and_explore_share() -> None:
@@ -262,15 +262,16 @@ def corrupt_regression_pool(n: int = 200, d: int = 4, bad: int = 123) -> tuple[n
 
 
 def test_outliers_are_left_out_before_the_arm_selects() -> None:
-    """A newcomer's pool with one corrupt row: the fixed bait picks it, auto playing bait does not (by default),
-    its diagnostics say what was left out, and ``exclude_outliers=False`` gives bait's pick back."""
+    """A newcomer's pool with one corrupt row: the fixed bait picks it, and so does auto playing bait by default
+    (the check is off unless asked); with ``exclude_outliers=True`` auto does not pick it, and its diagnostics say
+    what was left out."""
     X, bad = corrupt_regression_pool()
     labeled = np.arange(10)
     assert bad in select("bait", embeddings=X, labeled=labeled, batch_size=8, task="regression", seed=0).indices
     common: dict[str, Any] = {"embeddings": X, "labeled": labeled, "batch_size": 8, "task": "regression"}
     arms = set()
     for seed in range(12):  # bait and random rounds, exploration picks included
-        r = select("auto", seed=seed, **common)
+        r = select("auto", seed=seed, exclude_outliers=True, **common)
         d = r.diagnostics["auto"]
         arms.add(d["arm"])
         assert bad not in r.indices and len(set(r.indices.tolist())) == 8 and not set(r.indices) & set(labeled)
@@ -281,18 +282,19 @@ def test_outliers_are_left_out_before_the_arm_selects() -> None:
         assert out["n_checked"] == 190 and out["kept_back"] == [] and out["c"] == 5.0
     assert arms == {"bait", "random"}
     seed = next(s for s in range(12) if select("auto", seed=s, **common).diagnostics["auto"]["arm"] == "bait")
-    off = select("auto", seed=seed, exclude_outliers=False, **common)
-    assert bad in off.indices and off.diagnostics["auto"]["outliers"] == {"checked": False}
+    default = select("auto", seed=seed, **common)
+    assert bad in default.indices and default.diagnostics["auto"]["outliers"] == {"checked": False}
+    assert select("auto", seed=seed, exclude_outliers=False, **common).indices.tolist() == default.indices.tolist()
 
 
 def test_a_clean_pool_gets_the_same_round_with_or_without_the_check() -> None:
     X, P, _ = pool()
     assert not robust_outliers(X).flagged.any()
     for seed in range(6):
-        on = select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=seed)
-        off = select(
-            "auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=seed, exclude_outliers=False
+        on = select(
+            "auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=seed, exclude_outliers=True
         )
+        off = select("auto", embeddings=X, probs=P, labeled=np.arange(20), batch_size=10, seed=seed)
         np.testing.assert_array_equal(on.indices, off.indices)
         assert on.diagnostics["auto"]["outliers"]["n_excluded"] == 0
 
@@ -301,7 +303,9 @@ def test_outlier_embeddings_are_what_the_rule_reads() -> None:
     """The rule reads the pool's own embeddings when given (a model's features may hide the corrupt row)."""
     X, bad = corrupt_regression_pool()
     features = np.random.default_rng(8).normal(size=X.shape)  # a head's features, in which row 123 is ordinary
-    common: dict[str, Any] = {"labeled": np.arange(10), "batch_size": 8, "task": "regression", "seed": 0}
+    common: dict[str, Any] = {
+        "labeled": np.arange(10), "batch_size": 8, "task": "regression", "seed": 0, "exclude_outliers": True,
+    }  # fmt: skip
     plain = select("auto", embeddings=features, **common).diagnostics["auto"]["outliers"]
     assert plain["on"] == "embeddings" and bad not in plain["excluded_rows"]
     r = select("auto", embeddings=features, outlier_embeddings=X, **common)
@@ -313,7 +317,7 @@ def test_too_few_candidates_without_the_outliers_keeps_the_least_extreme_back() 
     X, bad = corrupt_regression_pool(n=40, bad=30)
     X[31] *= 1e4
     labeled = np.arange(30)  # 10 candidates, 2 of them flagged; a batch of 9 needs one of them back
-    r = select("auto", embeddings=X, labeled=labeled, batch_size=9, task="regression", seed=0)
+    r = select("auto", embeddings=X, labeled=labeled, batch_size=9, task="regression", seed=0, exclude_outliers=True)
     out = r.diagnostics["auto"]["outliers"]
     assert out["n_flagged"] == 2 and out["n_excluded"] == 1 and out["kept_back"] == [bad]
     assert out["excluded_rows"] == [31] and sorted(r.indices.tolist()) == [bad, *range(32, 40)]
@@ -324,10 +328,11 @@ def test_too_few_candidates_without_the_outliers_keeps_the_least_extreme_back() 
     [
         ({"exclude_outliers": "yes"}, ParameterError, "exclude_outliers must be true or false"),
         ({"exclude_outliers": 1}, ParameterError, "exclude_outliers must be true or false"),
-        ({"outlier_embeddings": [[1.0]] * 200}, ParameterError, "outlier_embeddings must be an n x d array"),
-        ({"outlier_embeddings": np.ones((199, 4))}, ParameterError, r"shape \(200, d\)"),
+        ({"outlier_embeddings": [[1.0]] * 200, "exclude_outliers": True}, ParameterError, "must be an n x d array"),
+        ({"outlier_embeddings": np.ones((199, 4)), "exclude_outliers": True}, ParameterError, r"shape \(200, d\)"),
         ({"outlier_embeddings": np.ones((200, 4)), "exclude_outliers": False}, ParameterError, "read only with"),
-        ({"outlier_embeddings": np.full((200, 4), np.nan)}, InputDataError, "NaN or inf"),
+        ({"outlier_embeddings": np.full((200, 4), np.nan), "exclude_outliers": True}, InputDataError, "NaN or inf"),
+        ({"outlier_embeddings": np.ones((200, 4))}, ParameterError, "read only with"),  # the default: off
     ],
 )
 def test_bad_outlier_parameters_are_refused(kwargs: dict[str, Any], err: type, match: str) -> None:

@@ -113,48 +113,48 @@ def test_corrupt_row_bait_picks_is_flagged_and_excluded_on_request(
     assert info["excluded"] is True and info["n_excluded"] >= 1 and bad in info["excluded_items"]
 
 
-def test_auto_leaves_the_corrupt_row_out_by_default(
+def test_auto_leaves_the_corrupt_row_out_when_asked(
     client: TestClient, auth: dict[str, str], db: sessionmaker[Session], run_jobs: Any
 ) -> None:
-    """A newcomer asks for auto on the pool where bait picks a corrupt row: auto plays bait on the pool without it
-    (the batch's one outlier check, on by default for auto), and both diagnostics say what was left out; with
-    exclude_outliers false the row is picked and flagged, as for a fixed bait."""
+    """A newcomer asks for auto on the pool where bait picks a corrupt row: by default auto plays bait on the whole
+    pool and the row is picked and flagged, as for a fixed bait; with exclude_outliers true auto plays bait on the
+    pool without it (the batch's one outlier check), and both diagnostics say what was left out."""
     pool = make_pool(db, n=150, n_labeled=12, task="regression")
     bad = corrupt(db, pool, 100)
-    batch = run_batch(client, auth, run_jobs, pool.pool_id, size=8, strategy="auto", params={"seed": 1})
+    kept = run_batch(client, auth, run_jobs, pool.pool_id, size=8, strategy="auto", params={"seed": 1})
+    assert kept["diagnostics"]["auto"]["arm"] == "bait" and "exclude_outliers" not in kept["params"]
+    assert bad in kept["item_ids"] and kept["outliers"] == [bad]
+    assert kept["diagnostics"]["outliers"]["excluded"] is False
+    assert kept["diagnostics"]["auto"]["outliers"]["excluded"] is False
+    client.post(f"/v1/pools/{pool.pool_id}/batches/{kept['id']}/cancel", headers=auth)
+
+    batch = run_batch(
+        client, auth, run_jobs, pool.pool_id, size=8, strategy="auto", params={"seed": 1, "exclude_outliers": True}
+    )
     auto = batch["diagnostics"]["auto"]
     assert auto["arm"] == "bait" and batch["diagnostics"]["strategy_used"] == "bait"
     assert bad not in batch["item_ids"] and len(set(batch["item_ids"])) == 8
-    assert batch["outliers"] == [] and "exclude_outliers" not in batch["params"]  # the default, not the request
+    assert batch["outliers"] == [] and batch["params"]["exclude_outliers"] is True
     info = batch["diagnostics"]["outliers"]
     assert info["excluded"] is True and info["n_excluded"] >= 1 and bad in info["excluded_items"]
     assert auto["outliers"]["excluded"] is True and auto["outliers"]["n_excluded"] == info["n_excluded"]
     assert auto["round"]["picks"] == [pool.external_ids.index(e) for e in batch["item_ids"]]  # rows of the pool
-    client.post(f"/v1/pools/{pool.pool_id}/batches/{batch['id']}/cancel", headers=auth)
-
-    kept = run_batch(
-        client, auth, run_jobs, pool.pool_id, size=8, strategy="auto", params={"seed": 1, "exclude_outliers": False}
-    )
-    assert kept["diagnostics"]["auto"]["arm"] == "bait" and kept["params"]["exclude_outliers"] is False
-    assert bad in kept["item_ids"] and kept["outliers"] == [bad]
-    assert kept["diagnostics"]["outliers"]["excluded"] is False
-    assert kept["diagnostics"]["auto"]["outliers"]["excluded"] is False
 
 
 def test_select_endpoint_auto_checks_the_embeddings_sent(
     client: TestClient, auth: dict[str, str], run_jobs: Any
 ) -> None:
-    """POST /v1/select runs the library's auto, whose check reads the embeddings sent (on by default, false turns it
-    off); exclude_outliers stays a pool-batch parameter for the other strategies."""
+    """POST /v1/select runs the library's auto, whose check reads the embeddings sent (off by default, true turns it
+    on); exclude_outliers stays a pool-batch parameter for the other strategies."""
     X = np.random.default_rng(0).normal(size=(40, 3))
     X[5] *= 1e3
     body: dict[str, Any] = {"strategy": "auto", "batch_size": 4, "embeddings": X.tolist(), "labeled": [0]}
-    body.update(task="regression", params={"seed": 3})
+    body.update(task="regression", params={"seed": 3, "exclude_outliers": True})
     r = post_select(client, run_jobs, json=body, headers=auth)
     assert r.status_code == 200, r.text
     out = r.json()["diagnostics"]["auto"]["outliers"]
     assert out["excluded_rows"] == [5] and 5 not in r.json()["indices"]
-    body["params"] = {"seed": 3, "exclude_outliers": False}
+    body["params"] = {"seed": 3}
     r = post_select(client, run_jobs, json=body, headers=auth)
     assert r.status_code == 200, r.text
     assert r.json()["diagnostics"]["auto"]["outliers"] == {"checked": False}
