@@ -272,6 +272,21 @@ def _lower_bound(sketches: Sequence[ShardSketch], value: float, scores: bool) ->
     return total
 
 
+def _bound(sketches: Sequence[ShardSketch], need: int, scores: bool) -> float:
+    """The first mark, in the order that makes the lower bound grow (scores descending, keys ascending), whose
+    lower bound on the entries that reach it (:func:`_lower_bound`) is at least ``need``: a binary search."""
+    marks = np.unique(np.concatenate([sk.score_marks if scores else sk.key_marks for sk in sketches]))
+    values = marks[::-1] if scores else marks
+    lo, hi = 0, values.shape[0] - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _lower_bound(sketches, float(values[mid]), scores) >= need:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(values[lo])
+
+
 def thresholds(sketches: Sequence[ShardSketch], prefilter: Prefilter) -> tuple[float, float]:
     """The second round's bounds ``(tau, kappa)``: the largest mark that at least ``min(top, n_C)`` list entries
     reach by score (``+inf`` when no score stratum), and the smallest mark that at least
@@ -279,28 +294,8 @@ def thresholds(sketches: Sequence[ShardSketch], prefilter: Prefilter) -> tuple[f
     n_c = sum(sk.candidates for sk in sketches)
     n_top = min(prefilter.top, n_c)
     n_rand = min(prefilter.random, n_c - n_top)
-    tau, kappa = float("inf"), float("-inf")
-    if n_top > 0:
-        values = np.unique(np.concatenate([sk.score_marks for sk in sketches]))[::-1]  # descending
-        lo, hi = 0, values.shape[0] - 1  # the first (largest) value whose bound reaches n_top
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _lower_bound(sketches, float(values[mid]), True) >= n_top:
-                hi = mid
-            else:
-                lo = mid + 1
-        tau = float(values[lo])
-    if n_rand > 0:
-        need = n_top + n_rand
-        values = np.unique(np.concatenate([sk.key_marks for sk in sketches]))  # ascending
-        lo, hi = 0, values.shape[0] - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _lower_bound(sketches, float(values[mid]), False) >= need:
-                hi = mid
-            else:
-                lo = mid + 1
-        kappa = float(values[lo])
+    tau = _bound(sketches, n_top, True) if n_top > 0 else float("inf")
+    kappa = _bound(sketches, n_top + n_rand, False) if n_rand > 0 else float("-inf")
     return tau, kappa
 
 
