@@ -247,9 +247,12 @@ def test_plan_fits_setup_and_greedy_in_what_is_left_after_the_rates(
     assert len(set(out.indices.tolist())) == 10
 
 
-def test_a_real_flat_100_class_call_keeps_a_budget_of_a_few_seconds() -> None:
+def test_a_real_flat_100_class_call_keeps_a_budget_of_a_few_seconds(fresh_rates: Any) -> None:
     """Measured rates, real clock, small sizes. The bound is loose (a loaded 2-core box moves between
-    the rates' measurement and the call), the greedy must not have been cut to nothing."""
+    the rates' measurement and the call), the greedy must not have been cut to nothing.
+
+    The rates and correction factors start fresh: in a whole-suite process earlier calls leave factors
+    down to ``FACTOR_BOUNDS[0]``, and exact (~14 s here) then looked as if it fitted 5 s."""
     budget = 5.0
     x, p = _flat(1, 700, 16, 100)
     select("bait", embeddings=x[:60], probs=p[:60], batch_size=2, time_budget_s=budget)  # warm the process
@@ -257,7 +260,7 @@ def test_a_real_flat_100_class_call_keeps_a_budget_of_a_few_seconds() -> None:
     out = select("bait", embeddings=x, probs=p, labeled=np.arange(200), batch_size=10, time_budget_s=budget)
     total = time.perf_counter() - t0
     info = out.diagnostics["approximation"]
-    assert info["kind"] != "exact" and info["gave_up"]
+    assert info["kind"] != "exact" and info["gave_up"], info
     assert total <= 3 * budget, (total, info, out.diagnostics["timings"])
     assert out.diagnostics["steps"]["forward"] >= 1, out.diagnostics
     assert len(set(out.indices.tolist())) == 10
