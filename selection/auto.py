@@ -27,7 +27,9 @@ reads every row.
 A round. The bandit's distribution over the arms is EXP3.P's (Auer et al. 2002; EXP4.P with one expert per
 arm, as in "Active learning by learning", Hsu & Lin 2015): ``q_a = (1 - gamma) w_a / sum(w) + gamma / K``.
 One arm is drawn from ``q`` with the seed; it fills ``B - E`` slots of the batch; ``E = round(explore * B)``
-slots (0 when ``B = 1``) are drawn uniformly at random from the remaining candidates (arm ``random``).
+slots (0 when ``B = 1``) are drawn uniformly at random from the remaining candidates (arm ``random``): the
+uniform picks the importance-weighted reward below reads. Once the evidence is validation gains, which do not
+read them, ``explore_validated`` replaces ``explore`` (``None``, the default: the same share).
 
 The reward of round ``t`` (known once round ``t + 1``'s picks are labeled; rewards arrive one round late):
 
@@ -438,6 +440,7 @@ def auto(
     *,
     history: Any = None,
     explore: float = 0.1,
+    explore_validated: float | None = None,
     gamma: float = GAMMA,
     prior_bait: float = PRIOR_BAIT,
     cold: bool | None = None,
@@ -456,6 +459,9 @@ def auto(
             and ``n_labels`` (labels that model was trained on). ``diagnostics["auto"]["round"]`` of the
             previous call is such an object, labels still null.
         explore: share of the batch drawn uniformly at random (rounded; 0 for a batch of one), in [0, 1].
+        explore_validated: the share instead of ``explore`` once the evidence is validation gains (the
+            history's two latest rounds carry ``validation`` and ``n_labels``): those rewards do not read the
+            uniform picks, which then only cost what the arm would have picked. ``None``: ``explore``.
         gamma: the bandit's exploration over arms, in (0, 1].
         prior_bait: the initial weight of ``bait`` among the warm arms, in [0, 1] (the other arms share the
             rest; ``1 / K`` starts uniform).
@@ -484,6 +490,9 @@ def auto(
         InputDataError: ``outlier_embeddings`` not finite.
     """
     explore_ = _check_float("explore", explore, 0.0, 1.0)
+    explore_val = explore_
+    if explore_validated is not None:
+        explore_val = _check_float("explore_validated", explore_validated, 0.0, 1.0)
     gamma_ = _check_float("gamma", gamma, 1e-9, 1.0)
     prior_ = _check_float("prior_bait", prior_bait, 0.0, 1.0)
     if cold is not None and not isinstance(cold, bool):
@@ -510,7 +519,8 @@ def auto(
         if flagged.shape[0]:
             work, keep = without_rows(problem, flagged, every_row=arm in READS_EVERY_ROW)
     B = problem.batch_size
-    n_explore = 0 if B == 1 or arm == "random" else min(B - 1, round(explore_ * B))
+    share = explore_val if ev.mode == "validation" else explore_
+    n_explore = 0 if B == 1 or arm == "random" else min(B - 1, round(share * B))
     main = B - n_explore
     sub = replace(work, batch_size=main, seed=int(rng.integers(2**31)))
     out = REGISTRY[arm].fn(sub)

@@ -157,13 +157,19 @@ def auto_spec(name: str, task: str) -> StrategySpec:
     """``auto`` (library defaults) or a variant: ``auto-uniform`` (uniform prior: ``prior_bait = 1 / K``, gamma
     0.2, the bandit before the prior was chosen), ``auto-exclude-outliers`` (the defaults with the outlier check
     on), ``auto-keep-outliers`` (the check off, explicitly: the default since the check was measured) or
-    ``auto-p<prior_bait>-g<gamma>``."""
+    ``auto-p<prior_bait>-g<gamma>`` or ``auto-ev<share>`` (``explore_validated``: the uniform share once the
+    evidence is validation gains)."""
     if name == AUTO:
         return StrategySpec(AUTO, "auto")
     if name == AUTO + "-exclude-outliers":
         return StrategySpec(name, "auto", params={"exclude_outliers": True})
     if name == AUTO + "-keep-outliers":
         return StrategySpec(name, "auto", params={"exclude_outliers": False})
+    if name.startswith(AUTO + "-ev"):  # auto-ev<share>: explore_validated
+        try:
+            return StrategySpec(name, "auto", params={"explore_validated": float(name[len(AUTO) + 3 :])})
+        except ValueError:
+            pass
     k = len(CLASSIFICATION_FIXED if task == "classification" else REGRESSION_FIXED)
     if name == AUTO + "-uniform":
         return StrategySpec(name, "auto", params={"prior_bait": 1.0 / k, "gamma": 0.2})

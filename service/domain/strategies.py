@@ -161,6 +161,7 @@ CATALOG: dict[str, StrategySpec] = {
             ("embeddings",),
             history=("Any", None),
             explore=("float", 0.1),
+            explore_validated=("float | None", None),
             gamma=("float", 0.1),
             prior_bait=("float", 0.9),
             cold=("bool | None", None),
@@ -432,7 +433,7 @@ def _value_problem(key: str, value: Any, params: Mapping[str, Any]) -> str | Non
             return "must be an integer >= 1 (and below the number of classes)"
     if key == "prefilter":
         return _prefilter_problem(value)
-    if key == "explore" and not 0 <= value <= 1:
+    if key in ("explore", "explore_validated") and value is not None and not 0 <= value <= 1:
         return "must be a number in [0, 1]"
     if key == "gamma" and not 0 < value <= 1:
         return "must be a number in (0, 1]"

@@ -49,6 +49,7 @@ def test_registered_for_both_tasks_model_optional() -> None:
     assert set(info.params) == {
         "history",
         "explore",
+        "explore_validated",
         "gamma",
         "prior_bait",
         "cold",
@@ -186,6 +187,23 @@ def test_validation_gains_give_the_dashboard_line() -> None:
     assert d["probabilities"]["bait"] > d["probabilities"]["random"]
 
 
+def test_explore_validated_replaces_the_uniform_share_only_in_validation_mode() -> None:
+    """The uniform picks feed the importance-weighted reward; once the history carries validation scores the
+    reward is the validation gain, and ``explore_validated`` sets the share instead of ``explore``."""
+    X, P, _ = pool()
+    q = {"bait": 1.0 - 3e-9, "badge": 1e-9, "margin": 1e-9, "random": 1e-9}
+    scored = [a_round("bait", q, [True] * 10, val=0.5 + 0.01 * t, n=40 + 10 * t) for t in range(3)]
+    unscored = [a_round("bait", q, [True] * 10) for _ in range(3)]
+    kw: dict[str, Any] = {"embeddings": X, "probs": P, "labeled": np.arange(40), "batch_size": 10, "seed": 3}
+    kw["prior_bait"], kw["gamma"] = 1.0, 1e-6  # bait is drawn: the share is what is measured
+    for hist, ev, want in ((scored, 0.0, 0), (scored, 0.3, 3), (scored, None, 1), (unscored, 0.0, 1), ([], 0.0, 1)):
+        d = select("auto", history=hist, explore=0.1, explore_validated=ev, **kw).diagnostics["auto"]
+        assert d["arm"] == "bait"
+        assert d["evidence"]["mode"] == ("validation" if hist is scored else "importance_weighted_accuracy")
+        assert d["explore"] == want, (ev, d["evidence"]["mode"])
+        assert d["round"]["arms"] == ["bait"] * (10 - want) + ["random"] * want
+
+
 def test_history_from_diagnostics_round_trips() -> None:
     X, P, y = pool()
     labeled = np.arange(20)
@@ -224,7 +242,16 @@ def test_malformed_history_is_a_parameter_error(history: Any, match: str) -> Non
 
 
 @pytest.mark.parametrize(
-    ("param", "value"), [("explore", 1.5), ("gamma", 0), ("explore", True), ("cold", "yes"), ("prior_bait", 1.5)]
+    ("param", "value"),
+    [
+        ("explore", 1.5),
+        ("gamma", 0),
+        ("explore", True),
+        ("cold", "yes"),
+        ("prior_bait", 1.5),
+        ("explore_validated", -0.1),
+        ("explore_validated", "none"),
+    ],
 )
 def test_bad_parameters(param: str, value: Any) -> None:
     X, P, _ = pool()

@@ -192,6 +192,8 @@ def test_dashboard_names_outliers_and_the_auto_choice(
         ("auto", {"explore": 2}, "must be a number in \\[0, 1\\]"),
         ("auto", {"gamma": 0}, "must be a number in \\(0, 1\\]"),
         ("auto", {"explore": "lots"}, "must be float"),
+        ("auto", {"explore_validated": 1.5}, "must be a number in \\[0, 1\\]"),
+        ("auto", {"explore_validated": "none"}, "must be float"),
     ],
 )
 def test_newcomer_gets_a_clear_400_and_nothing_is_written(
