@@ -29,7 +29,9 @@ arm, as in "Active learning by learning", Hsu & Lin 2015): ``q_a = (1 - gamma) w
 One arm is drawn from ``q`` with the seed; it fills ``B - E`` slots of the batch; ``E = round(explore * B)``
 slots (0 when ``B = 1``) are drawn uniformly at random from the remaining candidates (arm ``random``): the
 uniform picks the importance-weighted reward below reads. Once the evidence is validation gains, which do not
-read them, ``explore_validated`` replaces ``explore`` (``None``, the default: the same share).
+read them, ``explore_validated`` replaces ``explore``: 0 by default, chosen on the tune half (the variant with
+``explore``'s 0.1 kept was significantly below the best fixed strategy on as many tune datasets and lower on
+average), so a caller that reports validation scores pays for uniform picks only until they arrive.
 
 The reward of round ``t`` (known once round ``t + 1``'s picks are labeled; rewards arrive one round late):
 
@@ -85,6 +87,8 @@ DELTA = 0.05
 PRIOR_BAIT = 0.9
 #: The bandit's mixing with the uniform distribution by default, chosen with PRIOR_BAIT.
 GAMMA = 0.1
+#: The uniform share once the evidence is validation gains (chosen on the tune half; ``explore`` before that).
+EXPLORE_VALIDATED = 0.0
 #: Points of validation accuracy per 100 labels at which the validation reward saturates (0 or 1).
 GAIN_SCALE = 10.0
 ROUND_KEYS = frozenset({"arm", "arms", "picks", "labels", "predictions", "probabilities", "validation", "n_labels"})
@@ -440,7 +444,7 @@ def auto(
     *,
     history: Any = None,
     explore: float = 0.1,
-    explore_validated: float | None = None,
+    explore_validated: float | None = EXPLORE_VALIDATED,
     gamma: float = GAMMA,
     prior_bait: float = PRIOR_BAIT,
     cold: bool | None = None,
@@ -462,6 +466,7 @@ def auto(
         explore_validated: the share instead of ``explore`` once the evidence is validation gains (the
             history's two latest rounds carry ``validation`` and ``n_labels``): those rewards do not read the
             uniform picks, which then only cost what the arm would have picked. ``None``: ``explore``.
+            Default :data:`EXPLORE_VALIDATED` (0).
         gamma: the bandit's exploration over arms, in (0, 1].
         prior_bait: the initial weight of ``bait`` among the warm arms, in [0, 1] (the other arms share the
             rest; ``1 / K`` starts uniform).

@@ -161,7 +161,7 @@ CATALOG: dict[str, StrategySpec] = {
             ("embeddings",),
             history=("Any", None),
             explore=("float", 0.1),
-            explore_validated=("float | None", None),
+            explore_validated=("float | None", 0.0),
             gamma=("float", 0.1),
             prior_bait=("float", 0.9),
             cold=("bool | None", None),

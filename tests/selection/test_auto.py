@@ -57,6 +57,7 @@ def test_registered_for_both_tasks_model_optional() -> None:
         "outlier_embeddings",
     }
     assert info.params["exclude_outliers"] is False and info.params["outlier_embeddings"] is None
+    assert info.params["explore"] == 0.1 and info.params["explore_validated"] == 0.0
 
 
 def test_same_seed_same_round_and_explore_share() -> None:
@@ -202,6 +203,9 @@ def test_explore_validated_replaces_the_uniform_share_only_in_validation_mode() 
         assert d["evidence"]["mode"] == ("validation" if hist is scored else "importance_weighted_accuracy")
         assert d["explore"] == want, (ev, d["evidence"]["mode"])
         assert d["round"]["arms"] == ["bait"] * (10 - want) + ["random"] * want
+    # the defaults: explore's 0.1 (one pick of ten) until validation scores arrive, none after
+    assert select("auto", history=unscored, **kw).diagnostics["auto"]["explore"] == 1
+    assert select("auto", history=scored, **kw).diagnostics["auto"]["explore"] == 0
 
 
 def test_history_from_diagnostics_round_trips() -> None:
