@@ -255,19 +255,19 @@ class RoundLog:
     """``rounds.jsonl``: per round of every run the validation score, the stop-set predictions and, for
     ``auto``, the round's history entry (labels still null; the hook fills them from the pool when it builds
     the history). A round recomputed after an interruption replaces its record. A committed results folder
-    keeps it gzipped (``rounds.jsonl.gz``, read when ``rounds.jsonl`` is absent; a run appends to a plain
-    ``rounds.jsonl``)."""
+    keeps it gzipped (``rounds.jsonl.gz``); a run appends to a plain ``rounds.jsonl`` beside it. Both are read,
+    the gzipped one first, so a run added to a committed folder (a new variant) sees the committed rounds too."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.records: dict[tuple[str, str, int, int], dict[str, Any]] = {}
         packed = self.path.with_name(self.path.name + ".gz")
-        text = None
+        texts = []
+        if packed.is_file():
+            texts.append(gzip.decompress(packed.read_bytes()).decode())
         if self.path.is_file():
-            text = self.path.read_text()
-        elif packed.is_file():
-            text = gzip.decompress(packed.read_bytes()).decode()
-        if text is not None:
+            texts.append(self.path.read_text())
+        for text in texts:
             for line in text.splitlines():
                 if line.strip():
                     rec = json.loads(line)

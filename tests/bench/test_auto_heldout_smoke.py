@@ -125,6 +125,24 @@ def test_rerun_resumes_without_recomputing(smoke: Path) -> None:
     assert len(read_results(smoke / "results.csv")) == len(STRATEGIES) * SEEDS * (ROUNDS + 1)
 
 
+def test_a_run_added_to_a_committed_folder_reads_the_gzipped_rounds_too(smoke: Path, tmp_path: Path) -> None:
+    """A committed folder keeps rounds.jsonl.gz; a new variant run appends to a plain rounds.jsonl beside it,
+    and the log (and so the report and the stopping replay) must see both, the plain one winning a clash."""
+    import gzip
+
+    lines = (smoke / "rounds.jsonl").read_text().splitlines()
+    folder = tmp_path / "committed"
+    folder.mkdir()
+    (folder / "rounds.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines[:-3]) + "\n").encode()))
+    changed = {**json.loads(lines[-4]), "validation": 0.123}  # the gz's last record, recomputed
+    (folder / "rounds.jsonl").write_text("".join(x + "\n" for x in lines[-3:]) + json.dumps(changed) + "\n")
+    both = auto_heldout.RoundLog(folder / "rounds.jsonl")
+    whole = auto_heldout.RoundLog(smoke / "rounds.jsonl")
+    assert set(both.records) == set(whole.records) and len(both.records) == len(lines)
+    key = (changed["config"], changed["strategy"], int(changed["seed"]), int(changed["round"]))
+    assert both.records[key]["validation"] == 0.123
+
+
 def _log_with(tmp_path: Path, vals: list[float], preds: list[list[int]], labels: list[int]) -> auto_heldout.RoundLog:
     log = auto_heldout.RoundLog(tmp_path / "rounds.jsonl")
     for i, (v, p, n) in enumerate(zip(vals, preds, labels, strict=True)):
