@@ -156,15 +156,18 @@ def is_auto(name: str) -> bool:
 def auto_spec(name: str, task: str) -> StrategySpec:
     """``auto`` (library defaults) or a variant: ``auto-uniform`` (uniform prior: ``prior_bait = 1 / K``, gamma
     0.2, the bandit before the prior was chosen), ``auto-exclude-outliers`` (the defaults with the outlier check
-    on), ``auto-keep-outliers`` (the check off, explicitly: the default since the check was measured) or
+    on), ``auto-keep-outliers`` (the check off, explicitly: the default since the check was measured),
+    ``auto-ev0.1`` (the defaults before ``explore_validated``: 0.1 of each batch uniform throughout) or
     ``auto-p<prior_bait>-g<gamma>`` or ``auto-ev<share>`` (``explore_validated``: the uniform share once the
-    evidence is validation gains)."""
+    evidence is validation gains). The variants measured before ``explore_validated`` existed (uniform, the
+    ``p``/``g`` ones, the outlier ones) keep ``explore``'s share throughout, as they were run."""
     if name == AUTO:
         return StrategySpec(AUTO, "auto")
+    # The variants measured before explore_validated existed keep explore's share throughout (None), as then.
     if name == AUTO + "-exclude-outliers":
-        return StrategySpec(name, "auto", params={"exclude_outliers": True})
+        return StrategySpec(name, "auto", params={"exclude_outliers": True, "explore_validated": None})
     if name == AUTO + "-keep-outliers":
-        return StrategySpec(name, "auto", params={"exclude_outliers": False})
+        return StrategySpec(name, "auto", params={"exclude_outliers": False, "explore_validated": None})
     if name.startswith(AUTO + "-ev"):  # auto-ev<share>: explore_validated
         try:
             return StrategySpec(name, "auto", params={"explore_validated": float(name[len(AUTO) + 3 :])})
@@ -172,16 +175,17 @@ def auto_spec(name: str, task: str) -> StrategySpec:
             pass
     k = len(CLASSIFICATION_FIXED if task == "classification" else REGRESSION_FIXED)
     if name == AUTO + "-uniform":
-        return StrategySpec(name, "auto", params={"prior_bait": 1.0 / k, "gamma": 0.2})
+        return StrategySpec(name, "auto", params={"prior_bait": 1.0 / k, "gamma": 0.2, "explore_validated": None})
     parts = name.split("-")
     try:
         if len(parts) != 3 or not parts[1].startswith("p") or not parts[2].startswith("g"):
             raise ValueError
-        return StrategySpec(name, "auto", params={"prior_bait": float(parts[1][1:]), "gamma": float(parts[2][1:])})
+        prior, gamma = float(parts[1][1:]), float(parts[2][1:])
+        return StrategySpec(name, "auto", params={"prior_bait": prior, "gamma": gamma, "explore_validated": None})
     except ValueError:
         raise SystemExit(
-            f"unknown auto variant {name!r}: use auto, auto-uniform, auto-exclude-outliers, auto-keep-outliers or "
-            "auto-p<prior>-g<gamma>"
+            f"unknown auto variant {name!r}: use auto, auto-uniform, auto-exclude-outliers, auto-keep-outliers, "
+            "auto-ev<share> or auto-p<prior>-g<gamma>"
         ) from None
 
 

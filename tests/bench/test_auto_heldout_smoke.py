@@ -180,3 +180,21 @@ def test_stop_verdicts_on_hand_made_curves(tmp_path: Path) -> None:
     assert (run["L98"], run["stop"], run["verdict"]) == (600, None, "censored")
     assert auto_heldout.first_reaching([1, 2, 3], [0.5, 0.97, 1.0], 0.98) == 3.0
     assert auto_heldout.first_reaching([1, 2], [0.2, -0.1], 0.98) is None
+
+
+def test_auto_variant_names_give_their_parameters() -> None:
+    """The variants measured before explore_validated keep explore's share (None); auto-ev<share> sets it."""
+    spec = auto_heldout.auto_spec
+    assert spec("auto", "classification").params == {}
+    assert spec("auto-ev0.1", "classification").params == {"explore_validated": 0.1}
+    assert spec("auto-ev0", "regression").params == {"explore_validated": 0.0}
+    assert spec("auto-uniform", "regression").params == {"prior_bait": 0.5, "gamma": 0.2, "explore_validated": None}
+    assert spec("auto-p0.9-g0.1", "classification").params == {
+        "prior_bait": 0.9, "gamma": 0.1, "explore_validated": None,
+    }  # fmt: skip
+    assert spec("auto-exclude-outliers", "classification").params == {
+        "exclude_outliers": True, "explore_validated": None,
+    }  # fmt: skip
+    for bad in ("auto-evx", "auto-p0.9", "auto-nonsense"):
+        with pytest.raises(SystemExit, match="unknown auto variant"):
+            spec(bad, "classification")
