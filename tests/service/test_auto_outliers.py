@@ -282,6 +282,17 @@ def test_validation_items_make_auto_report_gains_per_100_labels(
     gain = 100 * (second["validation"] - first["validation"]) * 100 / (second["n_labels"] - first["n_labels"])
     assert ev["per_arm"][first["arm"]]["gain_per_100_labels"] == pytest.approx(gain)
     assert "points of validation accuracy per 100 labels" in auto["summary"] or "no evidence" in auto["summary"]
+    # uniform picks feed the importance-weighted reward only: one of ten before validation gains steer, none after
+    # (params.explore_validated, default 0), unless the caller asks for some
+    for b, want in zip(batches, (1, 1, 0), strict=True):
+        d = b["diagnostics"]["auto"]
+        assert d["explore"] == (0 if d["arm"] == "random" else want), d
+    asked = run_batch(
+        client, auth, run_jobs, pool.pool_id, size=10, strategy="auto", params={"seed": 3, "explore_validated": 0.3}
+    )["diagnostics"]["auto"]
+    assert asked["evidence"]["mode"] == "validation"
+    assert asked["explore"] == (0 if asked["arm"] == "random" else 3)
+    assert asked["round"]["arms"].count("random") >= 3
 
 
 def test_select_endpoint_runs_auto_with_the_callers_history(
