@@ -58,7 +58,15 @@ import numpy as np
 
 from bench.experiments import auto_heldout as ah
 from bench.experiments.common import REPO_ROOT, RESULTS_ROOT, read_results
-from selection.stopping import MIN_GAIN, SLOPE_POINTS, THRESHOLD, WINDOW, prediction_agreement, stop_from_agreements
+from selection.stopping import (
+    MIN_GAIN,
+    MIN_SLOPE_POINTS,
+    SLOPE_POINTS,
+    THRESHOLD,
+    WINDOW,
+    prediction_agreement,
+    stop_from_agreements,
+)
 
 MODULE = "bench.experiments.stopping_replay"
 OUT = RESULTS_ROOT / "auto" / "stopping"
@@ -151,6 +159,28 @@ def replay(half: Half, rule: Rule) -> list[dict[str, Any]]:
         stop = first_stop(half.agreements[key], half.curves[key], task, rule)
         out.append(ah.stop_record(key, task, stop, half.marks[(key[0], key[1])]))
     return out
+
+
+def first_possible(curve: Sequence[tuple[int, float]], window: int) -> float | None:
+    """The labels of the first round at which a rule with ``window`` can recommend stopping at all: it needs
+    ``window`` compared rounds and the slope of :data:`~selection.stopping.MIN_SLOPE_POINTS` scored ones (every
+    round of these runs is scored); None when the run is shorter."""
+    i = max(window, MIN_SLOPE_POINTS - 1)
+    return float(curve[i][0]) if i < len(curve) else None
+
+
+def out_of_reach(half: Half, window: int) -> tuple[int, int]:
+    """``(runs, with_L98)``: the runs of ``half`` whose ``1.25 L98`` lies before the first round a rule with
+    ``window`` can stop at (no setting with that window can be ``ok`` there), and the runs with an L98."""
+    late_bound, n, with_mark = ah.STOP_LATE, 0, 0
+    for key, curve in half.curves.items():
+        l98 = half.marks[(key[0], key[1])].get("L98")
+        if not l98:
+            continue
+        with_mark += 1
+        first = first_possible(curve, window)
+        n += first is None or first > late_bound * float(l98)
+    return n, with_mark
 
 
 def verify(half: Half, rule: Rule, records: Sequence[Mapping[str, Any]]) -> None:
@@ -375,6 +405,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for rule_name, dist in dists[half_name].items():
             say(distribution_lines(f"{half_name}, {rule_name.replace('_', ' ')}", dist))
     say("")
+    lowest = min(int(w) for w in grid["window"])
+    for half in (tune, held):
+        for name, window in (("chosen", int(chosen["window"])), ("library defaults", int(defaults["window"]))):
+            n, marked = out_of_reach(half, window)
+            say(f"{half.name}, {name}: {n} of {marked} runs have 1.25 L98 before the rule's first possible stop")
+        n, marked = out_of_reach(half, lowest)
+        say(f"{half.name}, any setting of the grid (window {lowest}): {n} of {marked} runs out of reach")
+    say("")
     say("Replay checked against auto_heldout.stop_runs (stop_recommendation on the predictions) for both rules on")
     say("both halves: identical.")
 
@@ -402,6 +440,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "tune": {"chosen": totals(tune_chosen), "library_defaults": totals(tune_defaults)},
         "heldout": {"chosen": totals(held_chosen), "library_defaults": totals(held_defaults)},
         "distribution": dists,
+        "out_of_reach": {
+            half.name: {
+                "chosen": out_of_reach(half, int(chosen["window"])),
+                "library_defaults": out_of_reach(half, int(defaults["window"])),
+                "any_setting": out_of_reach(half, lowest),
+            }
+            for half in (tune, held)
+        },
     }
     (args.out / "choice.json").write_text(json.dumps(choice, indent=1) + "\n")
     (args.out / "summary.txt").write_text("\n".join(printed) + "\n")

@@ -202,3 +202,28 @@ def test_help_describes_the_choice_rule(capsys: pytest.CaptureFixture[str]) -> N
     assert exc.value.code == 0
     text = capsys.readouterr().out
     assert "The choice rule" in text and "--min-gains" in text and "--slope-points" in text
+
+
+def test_out_of_reach_counts_runs_whose_ok_window_closes_before_the_rule_can_stop(tmp_path: Path) -> None:
+    """A rule needs ``window`` compared rounds and 3 scored ones before it can stop: with L98 at 20 labels (1.25
+    L98 = 25) the first possible stop (30 labels for window <= 2, 40 for 3) is late for every rule; with L98 at
+    50 it is in reach up to window 5 (60 labels <= 62.5) and out of reach at window 6 (70 labels)."""
+    same = np.zeros(60, dtype=np.int16)
+    early = [0.5, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]  # the seed-mean curve is at 98 % of 0.9 at 20 labels
+    _write_half(tmp_path / "e", {("e", "bait", 0): (early, [same] * len(LABELS))})
+    _write_half(tmp_path / "f", {("f", "bait", 0): (FLAT_AT_50, [same] * len(LABELS))})
+    e, f = sr.load_half(tmp_path / "e", "e"), sr.load_half(tmp_path / "f", "f")
+    assert e.marks[("e", "bait")]["L98"] == 20 and f.marks[("f", "bait")]["L98"] == 50
+    assert sr.first_possible(e.curves[("e", "bait", 0)], 1) == 30.0
+    assert sr.first_possible(e.curves[("e", "bait", 0)], 3) == 40.0
+    assert sr.first_possible(e.curves[("e", "bait", 0)], 8) is None  # the run is shorter
+    assert sr.out_of_reach(e, 1) == (1, 1)
+    assert sr.out_of_reach(f, 5) == (0, 1) and sr.out_of_reach(f, 6) == (1, 1)
+
+    # the bound is the replay's: identical predictions and a slope bound nothing reaches stop the rule there,
+    # and a real slope bound waits for the flat part (the jump from 10 to 20 labels leaves the fit at 40)
+    def stop(min_gain: float) -> float | None:
+        rule = {"threshold": 0.99, "window": 1, "slope_points": 3, "min_gain": min_gain}
+        return sr.first_stop(e.agreements[("e", "bait", 0)], e.curves[("e", "bait", 0)], "classification", rule)
+
+    assert stop(100.0) == 30.0 and stop(0.01) == 40.0
