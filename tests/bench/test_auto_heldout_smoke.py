@@ -65,11 +65,11 @@ def test_auto_history_is_kept_as_a_library_caller_keeps_it(smoke: Path) -> None:
         history = params["history"]
         assert "outlier_embeddings" not in params  # auto's default: no outlier check
         spec.params = dict(auto_heldout.auto_spec("auto-exclude-outliers", "classification").params)
-        assert spec.params == {"exclude_outliers": True}
+        assert spec.params == {"exclude_outliers": True, "explore_validated": None}  # as it was measured
         on = hook.select_params(state)  # type: ignore[arg-type]
         assert on["outlier_embeddings"] is setting.split.X_pool  # the pool's own inputs, as the service checks
         spec.params = dict(auto_heldout.auto_spec("auto-keep-outliers", "classification").params)
-        assert spec.params == {"exclude_outliers": False}
+        assert spec.params == {"exclude_outliers": False, "explore_validated": None}
         assert "outlier_embeddings" not in hook.select_params(state)  # type: ignore[arg-type]
         spec.params = {}
         rounds = check_history(history)
