@@ -10,9 +10,12 @@ gained most, with a batch seed whose draw plays that arm this round, against tha
 (``selection.select(arm, ...)``) on the same inputs, in the same process, interleaved (the order rotates every
 repeat, after one untimed call of each), min and median over ``--repeat`` calls:
 
-- ``bait round``, ``margin round``: the arm fills ``B - E`` slots and exploration the other ``E = round(0.1 B)``;
-- ``random round``: the ``random`` arm, no exploration;
-- ``margin, explore 0.5``: half the batch drawn by exploration;
+- ``bait round``, ``margin round``, ``random round``: the library's defaults. The history carries validation
+  scores, so the evidence is validation gains and ``auto`` draws no uniform picks (``explore_validated = 0``): the
+  arm fills the batch;
+- ``margin, explore 0.1``: ``E = round(0.1 B)`` uniform picks, the share a round without validation scores gets
+  (``explore``'s default), the arm the other ``B - E`` slots;
+- ``margin, explore 0.5``: half the batch drawn uniformly;
 - ``badge round`` (only with ``--cases``): slow at this size.
 
 A case repeats at least ``--repeat`` times, and more (up to 500) until ``auto``'s timed calls add up to
@@ -77,11 +80,12 @@ FAVOURED_GAIN, OTHER_GAIN = 3.0, 0.2  # points of validation accuracy per 100 la
 
 @dataclass
 class Case:
-    """One case: the arm the history favours (this round plays it) and ``auto``'s ``explore``."""
+    """One case: the arm the history favours (this round plays it) and ``auto``'s uniform share in this round,
+    which is in validation mode (``explore_validated``; None: the library's default, no uniform picks)."""
 
     name: str
     arm: str
-    explore: float = 0.1
+    explore: float | None = None
     default: bool = True
 
 
@@ -89,6 +93,7 @@ CASES = [
     Case("bait round", "bait"),
     Case("margin round", "margin"),
     Case("random round", "random"),
+    Case("margin, explore 0.1", "margin", explore=0.1),
     Case("margin, explore 0.5", "margin", explore=0.5),
     Case("badge round", "badge", default=False),
 ]
@@ -171,7 +176,6 @@ def seed_for(case: Case, history: list[dict[str, Any]], k: int, batch: int) -> i
             batch_size=min(batch, 10),
             seed=seed,
             history=history,
-            explore=case.explore,
             cold=False,
         )
         if res.diagnostics["auto"]["arm"] == case.arm:
@@ -189,7 +193,8 @@ def run_case(
     common: dict[str, Any] = {"embeddings": x, "probs": probs, "labeled": labeled, "seed": seed}
 
     def auto(**extra: Any) -> Any:
-        return selection.select("auto", batch_size=args.batch, history=history, explore=case.explore, **common, **extra)
+        share: dict[str, Any] = {} if case.explore is None else {"explore_validated": case.explore}
+        return selection.select("auto", batch_size=args.batch, history=history, **share, **common, **extra)
 
     def checked() -> Any:
         res = selection.select(case.arm, batch_size=args.batch, **common)

@@ -231,7 +231,9 @@ def test_auto_cost_smoke_times_auto_against_the_arm_it_plays(tmp_path: Path) -> 
     out = _run(argv, timeout=300)
     rows = _table(out)
     assert rows.pop("case")[:3] == ["arm", "E", "excluded"], out  # the header
-    expected = {"bait round": ("bait", 1), "margin round": ("margin", 1), "random round": ("random", 0)}
+    # the history carries validation scores: no uniform picks by default, the share asked for otherwise
+    expected = {"bait round": ("bait", 0), "margin round": ("margin", 0), "random round": ("random", 0)}
+    expected["margin, explore 0.1"] = ("margin", 1)
     expected["margin, explore 0.5"] = ("margin", 5)
     assert set(rows) == set(expected), out
     for name, (arm, n_explore) in expected.items():
