@@ -497,14 +497,22 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0-4"`` -> [0..4], ``"0,2,5"`` -> [0, 2, 5], ``"3"`` -> [0, 1, 2] (a count)."""
+    """``"0-4"`` -> [0..4], ``"0,2,5"`` -> [0, 2, 5], ``"3"`` -> [0, 1, 2] (a count).
+
+    Raises:
+        ValueError: text that gives no seed (``"0"`` is a count of none: one seed is ``"0-0"`` or ``"0,"``).
+    """
     text = text.strip()
     if "-" in text:
         lo, hi = text.split("-", 1)
-        return list(range(int(lo), int(hi) + 1))
-    if "," in text:
-        return [int(s) for s in text.split(",") if s]
-    return list(range(int(text)))
+        seeds = list(range(int(lo), int(hi) + 1))
+    elif "," in text:
+        seeds = [int(s) for s in text.split(",") if s]
+    else:
+        seeds = list(range(int(text)))
+    if not seeds:
+        raise ValueError(f"--seeds {text!r} gives no seed: a count ('5' = 0-4), a range ('0-0') or a list ('0,3')")
+    return seeds
 
 
 def experiment_parser(doc: str | None, experiment: str, smoke_help: str) -> argparse.ArgumentParser:

@@ -198,3 +198,17 @@ def test_auto_variant_names_give_their_parameters() -> None:
     for bad in ("auto-evx", "auto-p0.9", "auto-nonsense"):
         with pytest.raises(SystemExit, match="unknown auto variant"):
             spec(bad, "classification")
+
+
+def test_seeds_that_give_no_seed_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    """'--seeds 0' is a count of none: it ran nothing and wrote no rows; now it says so."""
+    from bench.experiments.common import parse_seeds
+
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds("0-0") == [0] and parse_seeds("0,") == [0]
+    assert parse_seeds("2-4") == [2, 3, 4] and parse_seeds("1,5") == [1, 5]
+    for text in ("0", "5-4", ","):
+        with pytest.raises(ValueError, match="gives no seed"):
+            parse_seeds(text)
+    with pytest.raises(ValueError, match="gives no seed"):
+        auto_heldout.main(["--smoke", "--seeds", "0", "--out", str(tmp_path / "none"), "--quiet"])
+    assert not (tmp_path / "none" / "results.csv").exists()
